@@ -1,0 +1,99 @@
+// The attention entry points: forward (out, lse) and backward (dq, dk, dv, dbias), with causal
+// masks, an additive broadcastable bias, grouped-query attention and in-kernel dropout.
+//
+// Shapes (logical; strides free except the last dimension, which is contiguous):
+//   q    [B, Hq,  Lq, D]      k [B, Hkv, Lk, D]      v [B, Hkv, Lk, Dv]     Hq % Hkv == 0
+//   bias [B|1, Hq|1, Lq|1, Lk] (optional, additive, broadcast over dims of size 1)
+//   out  [B, Hq, Lq, Dv]      lse [B, Hq, Lq] fp32, natural log of the softmax denominator
+// A query row that sees no key (Lk = 0, bottom-right causal with Lq > Lk, or a bias of -inf
+// everywhere) gives out = 0, lse = -inf and zero gradients.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memeff/tensor.h"
+
+namespace memeff {
+
+enum class CausalMode : std::uint8_t {
+  none,
+  top_left,      // query i sees keys j <= i
+  bottom_right,  // query i sees keys j <= i + (Lk - Lq): the last query sees every key
+};
+
+const char* causal_mode_name(CausalMode mode);
+
+// Dropout randomness: the mask is a pure function of (seed, offset, b, h, i, j); see
+// docs/dropout.md. For CUDA graphs, kernels can read seed and offset from device memory at run
+// time instead of the values (the pointers are on the device of the inputs).
+struct RngState {
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+  const std::uint64_t* device_seed = nullptr;    // if set, overrides `seed` (CUDA only)
+  const std::uint64_t* device_offset = nullptr;  // if set, overrides `offset` (CUDA only)
+};
+
+struct AttentionArgs {
+  TensorView q, k, v;
+  std::optional<TensorView> bias;
+  std::optional<double> scale;  // default 1/sqrt(D)
+  CausalMode causal = CausalMode::none;
+  double dropout_p = 0.0;  // in [0, 1)
+  RngState rng{};
+};
+
+enum class Pass : std::uint8_t { forward, backward };
+
+// Per-call options. Empty fields fall back to the thread's scoped settings, then the
+// environment (MEMEFF_BACKENDS, MEMEFF_AUTOTUNE), then the defaults.
+struct Options {
+  // Allow-list of backend names in priority order ("cuda", "cuda_math", "cpu", "reference").
+  std::vector<std::string> backends;
+  void* stream = nullptr;          // cudaStream_t for CUDA backends; null is the default stream
+  void* workspace = nullptr;       // caller-provided scratch (see workspace_size)
+  std::size_t workspace_bytes = 0;
+  bool deterministic = false;      // bitwise repeatable backward where the backend supports it
+  std::optional<bool> autotune;    // time the candidates once per shape and remember the winner
+};
+
+// What a call did.
+struct CallInfo {
+  std::string backend;       // the backend that ran
+  double p_effective = 0.0;  // the dropout probability actually applied (1 - t/256)
+};
+
+struct BackwardTensors {
+  TensorView dout;  // [B, Hq, Lq, Dv]
+  TensorView out;   // forward's out
+  TensorView lse;   // forward's lse
+  TensorView dq;    // [B, Hq, Lq, D]
+  TensorView dk;    // [B, Hkv, Lk, D]   summed over the query heads of each group
+  TensorView dv;    // [B, Hkv, Lk, Dv]
+  std::optional<TensorView> dbias;  // the bias's own shape; reduced over broadcast dimensions
+};
+
+// Forward pass: writes out and lse.
+CallInfo forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse,
+                 const Options& options = {});
+
+// Backward pass: writes dq, dk, dv and dbias (when given). Same args (and RNG state) as the
+// forward whose out and lse are passed.
+CallInfo backward(const AttentionArgs& args, const BackwardTensors& grads,
+                  const Options& options = {});
+
+// Scratch bytes the chosen backend wants for a pass. Passing that much in Options::workspace
+// keeps the call free of allocations; with none given the backend allocates on the stream.
+std::size_t workspace_size(const AttentionArgs& args, Pass pass, const Options& options = {});
+
+// FLOPs of one forward pass by the project's convention: 4·B·Hq·Lq·Lk·D (halved when causal);
+// the backward counts 2.5 times this.
+double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
+                       std::int64_t D, CausalMode causal);
+
+const char* version();
+
+}  // namespace memeff

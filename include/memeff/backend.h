@@ -1,0 +1,72 @@
+// The backend interface and the validated problem description every backend receives.
+// Backends (reference, cpu, cuda, cuda_math, or a test's fake) are registered by name; the
+// dispatcher asks each one why it cannot run a problem and runs the first with no reasons.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memeff/attention.h"
+#include "memeff/dropout.h"
+#include "memeff/tensor.h"
+
+namespace memeff {
+
+// The sizes and flags of a validated call; what backends decide on. Built by the validators.
+struct Problem {
+  std::int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, D = 0, Dv = 0;
+  DType dtype = DType::f32;  // of q, k, v, out and the gradients
+  Device device{};
+  bool has_bias = false;
+  DType bias_dtype = DType::f32;
+  // True where the bias broadcasts (has size 1) along B, H or Lq.
+  bool bias_bcast_b = false, bias_bcast_h = false, bias_bcast_q = false;
+  double scale = 1.0;
+  CausalMode causal = CausalMode::none;
+  double dropout_p = 0.0;
+  DropoutThreshold dropout{};  // quantized p
+
+  bool has_dropout() const { return dropout.threshold < 256; }
+  std::int64_t group_size() const { return Hkv > 0 ? Hq / Hkv : 0; }
+  // Query i sees key j iff j <= i + causal_shift() (when causal is not none).
+  std::int64_t causal_shift() const { return causal == CausalMode::bottom_right ? Lk - Lq : 0; }
+  // "bhqk" with a 1 for each broadcast dimension, "none" without bias.
+  std::string bias_pattern() const;
+  std::string describe() const;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual DeviceType device_type() const = 0;
+
+  // Every reason this backend cannot run the problem; empty when it can.
+  virtual std::vector<std::string> reasons_unsupported(const Problem& problem, Pass pass) const = 0;
+
+  // Scratch bytes wanted for the pass (0 by default).
+  virtual std::size_t workspace_bytes(const Problem&, Pass) const { return 0; }
+
+  virtual void forward(const Problem& problem, const AttentionArgs& args, const TensorView& out,
+                       const TensorView& lse, const Options& options) = 0;
+  virtual void backward(const Problem& problem, const AttentionArgs& args,
+                        const BackwardTensors& grads, const Options& options) = 0;
+};
+
+// Adds (or replaces, by name) a backend in the registry. Built-in backends register themselves.
+void register_backend(std::shared_ptr<Backend> backend);
+// Removes a backend by name; returns whether it was there (for tests of fake backends).
+bool unregister_backend(const std::string& name);
+std::shared_ptr<Backend> find_backend(const std::string& name);
+std::vector<std::string> backend_names();
+
+// Validation: throw memeff::Error (invalid_argument) naming the first bad argument.
+Problem validate_inputs(const AttentionArgs& args);
+Problem validate_forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse);
+Problem validate_backward(const AttentionArgs& args, const BackwardTensors& grads);
+
+}  // namespace memeff

@@ -1,0 +1,12 @@
+// The list of backends compiled into this build.
+#include "core/builtin_backends.h"
+
+namespace memeff::detail {
+
+std::vector<std::shared_ptr<Backend>> builtin_backends() {
+  std::vector<std::shared_ptr<Backend>> all;
+  all.push_back(make_reference_backend());
+  return all;
+}
+
+}  // namespace memeff::detail

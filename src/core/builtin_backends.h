@@ -1,0 +1,21 @@
+// Factories of the backends that ship with memeff; the registry adds them on first use.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "memeff/backend.h"
+
+namespace memeff::detail {
+
+std::shared_ptr<Backend> make_reference_backend();  // src/cpu/reference.cpp
+std::shared_ptr<Backend> make_cpu_backend();        // src/cpu/cpu_backend.cpp
+#if defined(MEMEFF_WITH_CUDA)
+std::shared_ptr<Backend> make_cuda_backend();       // src/cuda/cuda_backend.cpp
+std::shared_ptr<Backend> make_cuda_math_backend();  // src/cuda/cuda_math.cu
+#endif
+
+// Every built-in backend this build has, in no particular order.
+std::vector<std::shared_ptr<Backend>> builtin_backends();
+
+}  // namespace memeff::detail

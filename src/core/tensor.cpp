@@ -1,0 +1,116 @@
+// TensorView helpers and names of the vocabulary types.
+#include <sstream>
+
+#include "memeff/attention.h"
+#include "memeff/error.h"
+#include "memeff/tensor.h"
+
+namespace memeff {
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::f64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+    case DType::f64: return "fp64";
+  }
+  return "unknown";
+}
+
+std::string device_name(Device device) {
+  if (device.type == DeviceType::cpu) return "cpu";
+  return "cuda:" + std::to_string(device.index);
+}
+
+const char* causal_mode_name(CausalMode mode) {
+  switch (mode) {
+    case CausalMode::none: return "none";
+    case CausalMode::top_left: return "top_left";
+    case CausalMode::bottom_right: return "bottom_right";
+  }
+  return "unknown";
+}
+
+const char* error_code_name(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::invalid_argument: return "invalid_argument";
+    case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::cuda_error: return "cuda_error";
+    case ErrorCode::io_error: return "io_error";
+    case ErrorCode::internal: return "internal";
+  }
+  return "unknown";
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype,
+                                  std::initializer_list<std::int64_t> shape, Device device) {
+  if (shape.size() > static_cast<std::size_t>(kMaxRank) || shape.size() == 0) {
+    throw Error(ErrorCode::invalid_argument,
+                "TensorView::contiguous: expected a rank between 1 and 4, got " +
+                    std::to_string(shape.size()));
+  }
+  TensorView view;
+  view.data = data;
+  view.dtype = dtype;
+  view.device = device;
+  view.rank = static_cast<int>(shape.size());
+  int d = 0;
+  for (std::int64_t s : shape) view.shape[d++] = s;
+  std::int64_t stride = 1;
+  for (int i = view.rank - 1; i >= 0; --i) {
+    view.stride[i] = stride;
+    stride *= view.shape[i] > 0 ? view.shape[i] : 1;
+  }
+  return view;
+}
+
+TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                               std::initializer_list<std::int64_t> strides, Device device) {
+  if (shape.size() != strides.size()) {
+    throw Error(ErrorCode::invalid_argument,
+                "TensorView::strided: shape has " + std::to_string(shape.size()) +
+                    " dimensions but strides has " + std::to_string(strides.size()));
+  }
+  TensorView view = contiguous(data, dtype, shape, device);
+  int d = 0;
+  for (std::int64_t s : strides) view.stride[d++] = s;
+  return view;
+}
+
+std::int64_t TensorView::numel() const {
+  if (rank == 0) return 0;
+  std::int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= shape[i];
+  return n;
+}
+
+std::string TensorView::describe() const {
+  std::ostringstream os;
+  os << dtype_name(dtype) << "[";
+  for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << shape[i];
+  os << "] strides [";
+  for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << stride[i];
+  os << "] on " << device_name(device);
+  return os.str();
+}
+
+double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
+                       std::int64_t D, CausalMode causal) {
+  const double f = 4.0 * static_cast<double>(B) * static_cast<double>(Hq) *
+                   static_cast<double>(Lq) * static_cast<double>(Lk) * static_cast<double>(D);
+  return causal == CausalMode::none ? f : 0.5 * f;
+}
+
+const char* version() { return MEMEFF_VERSION; }
+
+}  // namespace memeff

@@ -1,0 +1,294 @@
+// Argument validation for every entry point. Each failure names the argument, what was expected
+// and what was given; a successful check yields the Problem that backends decide on.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/dropout_map.h"
+#include "memeff/backend.h"
+#include "memeff/error.h"
+
+namespace memeff {
+namespace {
+
+constexpr const char* kDimNames = "BHLD";
+
+[[noreturn]] void fail(const std::string& arg, const std::string& what) {
+  throw Error(ErrorCode::invalid_argument, "argument `" + arg + "`: " + what);
+}
+
+std::string shape_str(const TensorView& t) { return t.describe(); }
+
+void check_view(const std::string& name, const TensorView& t, int rank) {
+  if (t.rank != rank) {
+    fail(name, "expected rank " + std::to_string(rank) + ", got rank " + std::to_string(t.rank) +
+                   (t.rank ? " (" + shape_str(t) + ")" : std::string(" (undefined view)")));
+  }
+  for (int d = 0; d < rank; ++d) {
+    if (t.shape[d] < 0) {
+      fail(name, "expected non-negative sizes, got size " + std::to_string(t.shape[d]) +
+                     " in dimension " + std::to_string(d) + " (" + shape_str(t) + ")");
+    }
+  }
+  if (t.data == nullptr && t.numel() != 0) {
+    fail(name, "data pointer is null but the view has " + std::to_string(t.numel()) +
+                   " elements (" + shape_str(t) + ")");
+  }
+  if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1) {
+    fail(name, "expected a contiguous last dimension (stride 1), got stride " +
+                   std::to_string(t.stride[rank - 1]) + " (" + shape_str(t) + ")");
+  }
+  if (t.device.type == DeviceType::cuda && t.device.index < 0) {
+    fail(name, "expected a CUDA ordinal >= 0, got " + std::to_string(t.device.index));
+  }
+}
+
+void check_dim(const std::string& name, const TensorView& t, int dim, std::int64_t expected,
+               const std::string& why) {
+  if (t.shape[dim] != expected) {
+    std::ostringstream os;
+    os << "expected size " << expected << " in dimension " << dim;
+    if (dim < 4) os << " (" << kDimNames[dim] << ")";
+    os << " " << why << ", got " << t.shape[dim] << " (" << shape_str(t) << ")";
+    fail(name, os.str());
+  }
+}
+
+void check_dtype(const std::string& name, const TensorView& t, DType expected,
+                 const std::string& why) {
+  if (t.dtype != expected) {
+    fail(name, std::string("expected dtype ") + dtype_name(expected) + " " + why + ", got " +
+                   dtype_name(t.dtype));
+  }
+}
+
+void check_device(const std::string& name, const TensorView& t, Device expected) {
+  if (!(t.device == expected)) {
+    fail(name, "expected device " + device_name(expected) + " (the device of q), got " +
+                   device_name(t.device) + "; all tensors of a call must be on one device");
+  }
+}
+
+// Byte range [lo, hi) a view can touch; empty views touch nothing.
+struct Extent {
+  std::uintptr_t lo = 0, hi = 0;
+  bool empty() const { return hi <= lo; }
+};
+
+Extent extent_of(const TensorView& t) {
+  if (!t.defined() || t.data == nullptr || t.numel() == 0) return {};
+  std::int64_t lo = 0, hi = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    const std::int64_t span = (t.shape[d] - 1) * t.stride[d];
+    (span < 0 ? lo : hi) += span;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+  const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
+  return {base + static_cast<std::uintptr_t>(lo * size),
+          base + static_cast<std::uintptr_t>((hi + 1) * size)};
+}
+
+struct Named {
+  const char* name;
+  const TensorView* view;
+};
+
+void check_no_alias(const std::vector<Named>& outputs, const std::vector<Named>& inputs) {
+  for (std::size_t a = 0; a < outputs.size(); ++a) {
+    const Extent ea = extent_of(*outputs[a].view);
+    if (ea.empty()) continue;
+    auto overlaps = [&](const Named& other) {
+      if (!(other.view->device == outputs[a].view->device)) return false;
+      const Extent eb = extent_of(*other.view);
+      return !eb.empty() && ea.lo < eb.hi && eb.lo < ea.hi;
+    };
+    for (const Named& in : inputs) {
+      if (overlaps(in)) {
+        fail(outputs[a].name, std::string("output memory overlaps input `") + in.name +
+                                  "`; outputs must not alias inputs");
+      }
+    }
+    for (std::size_t b = a + 1; b < outputs.size(); ++b) {
+      if (overlaps(outputs[b])) {
+        fail(outputs[a].name, std::string("output memory overlaps output `") + outputs[b].name +
+                                  "`; outputs must not alias each other");
+      }
+    }
+  }
+}
+
+bool is_supported_dtype(DType d) {
+  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::f64;
+}
+
+}  // namespace
+
+std::string Problem::bias_pattern() const {
+  if (!has_bias) return "none";
+  std::string p = "bhqk";
+  if (bias_bcast_b) p[0] = '1';
+  if (bias_bcast_h) p[1] = '1';
+  if (bias_bcast_q) p[2] = '1';
+  return p;
+}
+
+std::string Problem::describe() const {
+  std::ostringstream os;
+  os << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Lq=" << Lq
+     << " Lk=" << Lk << " D=" << D << " Dv=" << Dv << " causal=" << causal_mode_name(causal)
+     << " bias=" << bias_pattern() << " dropout=" << dropout_p << " on " << device_name(device);
+  return os.str();
+}
+
+Problem validate_inputs(const AttentionArgs& args) {
+  check_view("q", args.q, 4);
+  check_view("k", args.k, 4);
+  check_view("v", args.v, 4);
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  if (!is_supported_dtype(q.dtype)) fail("q", "unsupported dtype");
+  check_dtype("k", k, q.dtype, "(the dtype of q)");
+  check_dtype("v", v, q.dtype, "(the dtype of q)");
+  check_device("k", k, q.device);
+  check_device("v", v, q.device);
+
+  Problem p;
+  p.B = q.shape[0];
+  p.Hq = q.shape[1];
+  p.Lq = q.shape[2];
+  p.D = q.shape[3];
+  p.Hkv = k.shape[1];
+  p.Lk = k.shape[2];
+  p.Dv = v.shape[3];
+  p.dtype = q.dtype;
+  p.device = q.device;
+
+  check_dim("k", k, 0, p.B, "(the batch of q)");
+  check_dim("k", k, 3, p.D, "(the head dim of q)");
+  check_dim("v", v, 0, p.B, "(the batch of q)");
+  check_dim("v", v, 1, p.Hkv, "(the heads of k)");
+  check_dim("v", v, 2, p.Lk, "(the keys of k)");
+  if (p.Hkv == 0 && p.Hq != 0) fail("k", "has 0 heads while q has " + std::to_string(p.Hq));
+  if (p.Hkv > 0 && p.Hq % p.Hkv != 0) {
+    fail("k", "expected a number of heads dividing the query heads (GQA/MQA), got Hkv = " +
+                  std::to_string(p.Hkv) + " for Hq = " + std::to_string(p.Hq));
+  }
+  if (p.D == 0 && p.Lq > 0 && p.Lk > 0 && p.B * p.Hq > 0) fail("q", "head dim D must be >= 1, got 0");
+  if (static_cast<std::uint64_t>(p.Lq) > detail::kDropoutMaxRows) {
+    fail("q", "at most 2^32 query rows are supported, got " + std::to_string(p.Lq));
+  }
+  if (static_cast<std::uint64_t>(p.Lk) > detail::kDropoutMaxCols) {
+    fail("k", "at most 2^36 keys are supported, got " + std::to_string(p.Lk));
+  }
+
+  if (args.bias) {
+    const TensorView& bias = *args.bias;
+    check_view("bias", bias, 4);
+    if (bias.dtype != q.dtype && bias.dtype != DType::f32) {
+      fail("bias", std::string("expected dtype ") + dtype_name(q.dtype) +
+                       " (the dtype of q) or fp32, got " + dtype_name(bias.dtype));
+    }
+    check_device("bias", bias, q.device);
+    const std::int64_t full[4] = {p.B, p.Hq, p.Lq, p.Lk};
+    for (int d = 0; d < 4; ++d) {
+      const bool broadcastable = bias.shape[d] == full[d] || (d < 3 && bias.shape[d] == 1);
+      if (!broadcastable) {
+        std::ostringstream os;
+        os << "expected a shape broadcastable to [B, Hq, Lq, Lk] = [" << p.B << ", " << p.Hq
+           << ", " << p.Lq << ", " << p.Lk << "] (size " << full[d]
+           << (d < 3 ? " or 1" : "") << " in dimension " << d << "), got " << shape_str(bias);
+        fail("bias", os.str());
+      }
+    }
+    p.has_bias = true;
+    p.bias_dtype = bias.dtype;
+    p.bias_bcast_b = bias.shape[0] == 1 && p.B != 1;
+    p.bias_bcast_h = bias.shape[1] == 1 && p.Hq != 1;
+    p.bias_bcast_q = bias.shape[2] == 1 && p.Lq != 1;
+  }
+
+  if (args.scale) {
+    if (!std::isfinite(*args.scale)) {
+      fail("scale", "expected a finite number, got " + std::to_string(*args.scale));
+    }
+    p.scale = *args.scale;
+  } else {
+    p.scale = p.D > 0 ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0;
+  }
+  if (args.causal != CausalMode::none && args.causal != CausalMode::top_left &&
+      args.causal != CausalMode::bottom_right) {
+    fail("causal", "expected none, top_left or bottom_right");
+  }
+  p.causal = args.causal;
+  p.dropout = dropout_threshold(args.dropout_p);  // names dropout_p on failure
+  p.dropout_p = args.dropout_p;
+  if ((args.rng.device_seed || args.rng.device_offset) && q.device.type != DeviceType::cuda) {
+    fail("rng", "device_seed/device_offset point to device memory and need CUDA tensors; q is on " +
+                    device_name(q.device));
+  }
+  return p;
+}
+
+Problem validate_forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse) {
+  Problem p = validate_inputs(args);
+  check_view("out", out, 4);
+  check_view("lse", lse, 3);
+  check_dtype("out", out, p.dtype, "(the dtype of q)");
+  check_dtype("lse", lse, DType::f32, "(lse is always fp32)");
+  check_device("out", out, p.device);
+  check_device("lse", lse, p.device);
+  check_dim("out", out, 0, p.B, "(the batch of q)");
+  check_dim("out", out, 1, p.Hq, "(the heads of q)");
+  check_dim("out", out, 2, p.Lq, "(the queries of q)");
+  check_dim("out", out, 3, p.Dv, "(the head dim of v)");
+  for (int d = 0; d < 3; ++d) {
+    const std::int64_t want[3] = {p.B, p.Hq, p.Lq};
+    if (lse.shape[d] != want[d]) {
+      fail("lse", "expected shape [B, Hq, Lq] = [" + std::to_string(p.B) + ", " +
+                      std::to_string(p.Hq) + ", " + std::to_string(p.Lq) + "], got " +
+                      shape_str(lse));
+    }
+  }
+  std::vector<Named> inputs = {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}};
+  if (args.bias) inputs.push_back({"bias", &*args.bias});
+  check_no_alias({{"out", &out}, {"lse", &lse}}, inputs);
+  return p;
+}
+
+Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
+  Problem p = validate_forward(args, g.out, g.lse);
+  check_view("dout", g.dout, 4);
+  check_view("dq", g.dq, 4);
+  check_view("dk", g.dk, 4);
+  check_view("dv", g.dv, 4);
+  const struct {
+    const char* name;
+    const TensorView* t;
+    const TensorView* like;
+  } same_shape[] = {{"dout", &g.dout, &g.out}, {"dq", &g.dq, &args.q},
+                    {"dk", &g.dk, &args.k},     {"dv", &g.dv, &args.v}};
+  for (const auto& s : same_shape) {
+    check_dtype(s.name, *s.t, p.dtype, "(the dtype of q)");
+    check_device(s.name, *s.t, p.device);
+    for (int d = 0; d < 4; ++d) check_dim(s.name, *s.t, d, s.like->shape[d], "(as its forward tensor)");
+  }
+  if (g.dbias && !args.bias) fail("dbias", "given, but the call has no bias");
+  std::vector<Named> outputs = {{"dq", &g.dq}, {"dk", &g.dk}, {"dv", &g.dv}};
+  if (g.dbias) {
+    const TensorView& db = *g.dbias;
+    check_view("dbias", db, 4);
+    check_dtype("dbias", db, args.bias->dtype, "(the dtype of bias)");
+    check_device("dbias", db, p.device);
+    for (int d = 0; d < 4; ++d) check_dim("dbias", db, d, args.bias->shape[d], "(the shape of bias)");
+    outputs.push_back({"dbias", &*g.dbias});
+  }
+  std::vector<Named> inputs = {{"q", &args.q},     {"k", &args.k},     {"v", &args.v},
+                               {"out", &g.out},    {"lse", &g.lse},    {"dout", &g.dout}};
+  if (args.bias) inputs.push_back({"bias", &*args.bias});
+  check_no_alias(outputs, inputs);
+  return p;
+}
+
+}  // namespace memeff

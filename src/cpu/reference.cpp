@@ -1,0 +1,191 @@
+// The reference backend: the naive definition of attention, every feature, accumulated in double.
+// It is the oracle the other backends are tested against, and is itself checked against finite
+// differences (tests/unit/reference_gradcheck_test.cpp). Speed is not a goal; clarity is.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/builtin_backends.h"
+#include "core/numeric.h"
+#include "memeff/backend.h"
+#include "memeff/dropout.h"
+
+namespace memeff::detail {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Index of the bias element that (b, h, i, j) reads, in the bias view's own coordinates.
+std::int64_t bias_offset(const TensorView& bias, std::int64_t b, std::int64_t h, std::int64_t i,
+                         std::int64_t j) {
+  return bias.offset(bias.shape[0] == 1 ? 0 : b, bias.shape[1] == 1 ? 0 : h,
+                     bias.shape[2] == 1 ? 0 : i, j);
+}
+
+// One query row's softmax probabilities (normalized) and dropout multipliers.
+struct Row {
+  std::vector<double> p;     // softmax over visible keys; 0 where masked
+  std::vector<double> z;     // keep_scale or 0 (1 everywhere without dropout)
+  double lse = kNegInf;      // -inf when no key is visible
+  bool empty = true;
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  std::string name() const override { return "reference"; }
+  DeviceType device_type() const override { return DeviceType::cpu; }
+  std::vector<std::string> reasons_unsupported(const Problem&, Pass) const override { return {}; }
+
+  void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
+               const TensorView& lse, const Options&) override {
+    const std::int64_t rows = pb.B * pb.Hq * pb.Lq;
+#pragma omp parallel for schedule(dynamic, 16)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t b = r / (pb.Hq * pb.Lq), h = (r / pb.Lq) % pb.Hq, i = r % pb.Lq;
+      const Row row = compute_row(pb, args, b, h, i);
+      static_cast<float*>(lse.data)[lse.offset(b, h, i)] = static_cast<float>(row.lse);
+      const std::int64_t kvh = h / pb.group_size();
+      for (std::int64_t e = 0; e < pb.Dv; ++e) {
+        double acc = 0.0;
+        for (std::int64_t j = 0; j < pb.Lk; ++j) {
+          if (row.p[j] == 0.0 || row.z[j] == 0.0) continue;
+          acc += row.p[j] * row.z[j] * load_as_double(args.v, args.v.offset(b, kvh, j, e));
+        }
+        store_from_double(out, out.offset(b, h, i, e), acc);
+      }
+    }
+  }
+
+  void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
+                const Options&) override {
+    const TensorView &q = args.q, &k = args.k, &v = args.v;
+    // Gradients of k, v and bias collect contributions from many rows: accumulate in double.
+    std::vector<double> dk(static_cast<std::size_t>(pb.B * pb.Hkv * pb.Lk * pb.D), 0.0);
+    std::vector<double> dv(static_cast<std::size_t>(pb.B * pb.Hkv * pb.Lk * pb.Dv), 0.0);
+    const TensorView* dbias_view = g.dbias ? &*g.dbias : nullptr;
+    std::vector<double> dbias;
+    if (dbias_view) dbias.assign(static_cast<std::size_t>(dbias_view->numel()), 0.0);
+    auto kv_index = [&](std::int64_t b, std::int64_t kvh, std::int64_t j, std::int64_t width) {
+      return ((b * pb.Hkv + kvh) * pb.Lk + j) * width;
+    };
+    auto dbias_index = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+      const TensorView& db = *dbias_view;
+      const std::int64_t bb = db.shape[0] == 1 ? 0 : b, hh = db.shape[1] == 1 ? 0 : h,
+                         ii = db.shape[2] == 1 ? 0 : i;
+      return ((bb * db.shape[1] + hh) * db.shape[2] + ii) * db.shape[3] + j;
+    };
+
+    std::vector<double> dp(static_cast<std::size_t>(pb.Lk)), dq_row(static_cast<std::size_t>(pb.D));
+    for (std::int64_t b = 0; b < pb.B; ++b) {
+      for (std::int64_t h = 0; h < pb.Hq; ++h) {
+        const std::int64_t kvh = h / pb.group_size();
+        for (std::int64_t i = 0; i < pb.Lq; ++i) {
+          const Row row = compute_row(pb, args, b, h, i);
+          // dP' = dO·Vᵀ for the row; D_i = Σ_j P_ij Z_ij dP'_ij (= rowsum(dO ∘ O) exactly).
+          double di = 0.0;
+          for (std::int64_t j = 0; j < pb.Lk; ++j) {
+            dp[j] = 0.0;
+            if (row.p[j] == 0.0) continue;
+            double acc = 0.0;
+            for (std::int64_t e = 0; e < pb.Dv; ++e) {
+              acc += load_as_double(g.dout, g.dout.offset(b, h, i, e)) *
+                     load_as_double(v, v.offset(b, kvh, j, e));
+            }
+            dp[j] = acc;
+            di += row.p[j] * row.z[j] * acc;
+          }
+          std::fill(dq_row.begin(), dq_row.end(), 0.0);
+          for (std::int64_t j = 0; j < pb.Lk; ++j) {
+            if (row.p[j] == 0.0) continue;
+            const double pz = row.p[j] * row.z[j];
+            for (std::int64_t e = 0; e < pb.Dv; ++e) {
+              dv[kv_index(b, kvh, j, pb.Dv) + e] +=
+                  pz * load_as_double(g.dout, g.dout.offset(b, h, i, e));
+            }
+            const double ds = row.p[j] * (row.z[j] * dp[j] - di);  // dS = P ∘ (Z ∘ dP' - D_i)
+            if (dbias_view) dbias[dbias_index(b, h, i, j)] += ds;
+            for (std::int64_t e = 0; e < pb.D; ++e) {
+              dq_row[e] += pb.scale * ds * load_as_double(k, k.offset(b, kvh, j, e));
+              dk[kv_index(b, kvh, j, pb.D) + e] +=
+                  pb.scale * ds * load_as_double(q, q.offset(b, h, i, e));
+            }
+          }
+          for (std::int64_t e = 0; e < pb.D; ++e) {
+            store_from_double(g.dq, g.dq.offset(b, h, i, e), dq_row[e]);
+          }
+        }
+      }
+    }
+    for (std::int64_t b = 0; b < pb.B; ++b) {
+      for (std::int64_t kvh = 0; kvh < pb.Hkv; ++kvh) {
+        for (std::int64_t j = 0; j < pb.Lk; ++j) {
+          for (std::int64_t e = 0; e < pb.D; ++e) {
+            store_from_double(g.dk, g.dk.offset(b, kvh, j, e), dk[kv_index(b, kvh, j, pb.D) + e]);
+          }
+          for (std::int64_t e = 0; e < pb.Dv; ++e) {
+            store_from_double(g.dv, g.dv.offset(b, kvh, j, e), dv[kv_index(b, kvh, j, pb.Dv) + e]);
+          }
+        }
+      }
+    }
+    if (dbias_view) {
+      const TensorView& db = *dbias_view;
+      for (std::int64_t b = 0; b < db.shape[0]; ++b)
+        for (std::int64_t h = 0; h < db.shape[1]; ++h)
+          for (std::int64_t i = 0; i < db.shape[2]; ++i)
+            for (std::int64_t j = 0; j < db.shape[3]; ++j)
+              store_from_double(db, db.offset(b, h, i, j), dbias[dbias_index(b, h, i, j)]);
+    }
+  }
+
+ private:
+  static Row compute_row(const Problem& pb, const AttentionArgs& args, std::int64_t b,
+                         std::int64_t h, std::int64_t i) {
+    const TensorView &q = args.q, &k = args.k;
+    const std::int64_t kvh = h / pb.group_size();
+    Row row;
+    row.p.assign(static_cast<std::size_t>(pb.Lk), 0.0);
+    row.z.assign(static_cast<std::size_t>(pb.Lk), 1.0);
+    std::vector<double> s(static_cast<std::size_t>(pb.Lk), kNegInf);
+    double m = kNegInf;
+    for (std::int64_t j = 0; j < pb.Lk; ++j) {
+      if (pb.causal != CausalMode::none && j > i + pb.causal_shift()) continue;
+      double dot = 0.0;
+      for (std::int64_t e = 0; e < pb.D; ++e) {
+        dot += load_as_double(q, q.offset(b, h, i, e)) * load_as_double(k, k.offset(b, kvh, j, e));
+      }
+      s[j] = pb.scale * dot;
+      if (args.bias) s[j] += load_as_double(*args.bias, bias_offset(*args.bias, b, h, i, j));
+      m = std::max(m, s[j]);
+    }
+    if (m == kNegInf) return row;  // no visible key: p = 0, lse = -inf
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < pb.Lk; ++j) {
+      row.p[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
+      sum += row.p[j];
+    }
+    for (double& pj : row.p) pj /= sum;
+    row.lse = m + std::log(sum);
+    row.empty = false;
+    if (pb.has_dropout() && pb.Lk > 0) {
+      MaskWindow w;
+      w.heads = pb.Hq;
+      w.batch_begin = b;
+      w.head_begin = h;
+      w.row_begin = i;
+      w.rows = 1;
+      w.cols = pb.Lk;
+      std::vector<std::uint8_t> keep(static_cast<std::size_t>(pb.Lk));
+      dropout_mask(args.rng.seed, args.rng.offset, pb.dropout_p, w, keep.data());
+      for (std::int64_t j = 0; j < pb.Lk; ++j) row.z[j] = keep[j] ? pb.dropout.keep_scale : 0.0;
+    }
+    return row;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_reference_backend() { return std::make_shared<ReferenceBackend>(); }
+
+}  // namespace memeff::detail
