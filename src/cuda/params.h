@@ -1,0 +1,62 @@
+// The plain parameter structs the CUDA kernels receive by value: pointers, int64 strides in
+// elements (the last dimension is always contiguous), sizes and the RNG state. Built by the
+// launchers from a validated Problem; no framework or API types reach device code.
+#pragma once
+
+#include <cstdint>
+
+namespace memeff::cuda {
+
+// Strides of a [B, H, L, last] tensor in elements; the last dimension has stride 1.
+// Broadcast dimensions (bias) have stride 0.
+struct Strides {
+  std::int64_t b = 0, h = 0, l = 0;
+};
+
+struct ForwardParams {
+  const void* q = nullptr;     // [B, Hq, Lq, D]
+  const void* k = nullptr;     // [B, Hkv, Lk, D]
+  const void* v = nullptr;     // [B, Hkv, Lk, Dv]
+  const void* bias = nullptr;  // broadcast to [B, Hq, Lq, Lk]; null when absent
+  void* out = nullptr;         // [B, Hq, Lq, Dv], dtype of q
+  float* lse = nullptr;        // [B, Hq, Lq], natural log; -inf for rows that see no key
+  Strides q_stride, k_stride, v_stride, bias_stride, out_stride;
+  std::int64_t lse_stride_b = 0, lse_stride_h = 0;  // lse's row stride is 1
+
+  int B = 0, Hq = 0, Hkv = 0;
+  int group = 1;  // Hq / Hkv: query heads per key/value head
+  std::int64_t Lq = 0, Lk = 0;
+  int D = 0, Dv = 0;
+  bool bias_is_fp32 = false;  // bias dtype: fp32, else the dtype of q
+
+  float scale = 1.0f;       // softmax scale applied to q·k
+  float scale_log2 = 1.0f;  // scale · log2(e), for exp2-based softmax
+  int causal = 0;           // 0 none, 1 top-left, 2 bottom-right
+  std::int64_t causal_shift = 0;  // query i sees key j iff j <= i + causal_shift (when causal)
+
+  // Dropout (docs/dropout.md): keep when byte < keep_threshold; kept values scaled by keep_scale.
+  bool has_dropout = false;
+  std::uint32_t keep_threshold = 256;
+  float keep_scale = 1.0f;
+  std::uint64_t seed = 0, offset = 0;
+  // When non-null, the kernels read seed/offset from device memory (CUDA-graph replays).
+  const std::uint64_t* seed_ptr = nullptr;
+  const std::uint64_t* offset_ptr = nullptr;
+};
+
+struct BackwardParams : ForwardParams {
+  const void* dout = nullptr;  // [B, Hq, Lq, Dv]
+  void* dq = nullptr;          // [B, Hq, Lq, D]
+  void* dk = nullptr;          // [B, Hkv, Lk, D]
+  void* dv = nullptr;          // [B, Hkv, Lk, Dv]
+  void* dbias = nullptr;       // the bias's own shape (bias_stride / dbias_stride); null if unwanted
+  Strides dout_stride, dq_stride, dk_stride, dv_stride, dbias_stride;
+  int dbias_shape[3] = {0, 0, 0};  // sizes of dbias along B, H, Lq (1 where broadcast)
+
+  // Workspace (carved by the launcher from Options::workspace or its own allocation).
+  float* softmax_d = nullptr;  // [B, Hq, Lq]: rowsum(dO ∘ O), contiguous
+  float* dq_accum = nullptr;   // [B, Hq, Lq, D] fp32, contiguous
+  bool deterministic = false;
+};
+
+}  // namespace memeff::cuda
