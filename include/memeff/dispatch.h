@@ -1,0 +1,63 @@
+// Backend selection that explains itself and obeys the user: explain() reports every backend's
+// eligibility and why the choice was made; ScopedBackends restricts/reorders backends for the
+// current thread (nestable, like torch.nn.attention.sdpa_kernel); autotuning times the eligible
+// candidates once per shape key and remembers the winner in memory and in a cache file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memeff/attention.h"
+#include "memeff/backend.h"
+
+namespace memeff {
+
+struct BackendReport {
+  std::string name;
+  bool eligible = false;
+  std::vector<std::string> reasons;  // empty when eligible
+};
+
+struct Explanation {
+  Problem problem;
+  Pass pass = Pass::forward;
+  std::vector<std::string> order;  // the priority order walked
+  std::string order_source;        // "options", "scoped guard", "MEMEFF_BACKENDS" or "default"
+  std::vector<BackendReport> backends;
+  std::string chosen;  // empty when no backend qualifies
+  std::string reason;  // why `chosen` won: priority, heuristic, user restriction or autotune result
+
+  std::string to_string() const;  // human-readable, several lines
+  std::string to_json() const;    // one JSON object
+};
+
+// What forward/backward would do for these arguments, without running anything.
+Explanation explain(const AttentionArgs& args, Pass pass, const Options& options = {});
+
+// Restricts (and orders) the backends for calls on this thread while alive. Nested guards
+// apply the innermost; Options::backends on a call still wins over a guard.
+class ScopedBackends {
+ public:
+  explicit ScopedBackends(std::vector<std::string> order);
+  ~ScopedBackends();
+  ScopedBackends(const ScopedBackends&) = delete;
+  ScopedBackends& operator=(const ScopedBackends&) = delete;
+};
+
+// One remembered autotune decision.
+struct TuneEntry {
+  std::string key;      // device, capability, dtype, B·H, Lq, Lk, D, Dv, causal, dropout, bias, GQA, pass
+  std::string backend;  // the winner
+  std::string config;   // kernel configuration inside the backend ("" for its default)
+  double ms = 0.0;      // its measured time
+};
+
+// Entries known in memory (after loading the cache file, if any).
+std::vector<TuneEntry> autotune_entries();
+// The cache file in use: $MEMEFF_CACHE_DIR/autotune.json, else $XDG_CACHE_HOME/memeff/...,
+// else ~/.cache/memeff/...
+std::string autotune_cache_path();
+// Forgets in-memory decisions (the file is left alone); for tests and long-running tools.
+void autotune_reset_memory();
+
+}  // namespace memeff

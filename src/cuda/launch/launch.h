@@ -1,0 +1,30 @@
+// Host-side entry points of the fused CUDA kernels, called by the cuda backend
+// (src/cuda/cuda_backend.cpp). They take the plain params structs, choose tile shapes and grids,
+// launch on the given stream and check the launch. No API types cross this line.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cuda/params.h"
+
+namespace memeff::cuda {
+
+enum class ElemType { bf16, fp16 };
+
+// Forward: writes out and lse. src/cuda/launch/fwd_launch.cu
+void launch_forward(const ForwardParams& params, ElemType type, cudaStream_t stream);
+// Reasons the forward kernels cannot run these params (head dim, alignment ...); empty if they can.
+std::vector<std::string> forward_unsupported(const ForwardParams& params, int sm_major, int sm_minor);
+
+// Backward: writes dq, dk, dv and dbias. `workspace` holds backward_workspace_bytes(params)
+// bytes (16-byte aligned); the launcher carves softmax_d, dq_accum and its other scratch from it.
+// src/cuda/launch/bwd_launch.cu
+void launch_backward(BackwardParams params, void* workspace, ElemType type, cudaStream_t stream);
+std::size_t backward_workspace_bytes(const BackwardParams& params);
+std::vector<std::string> backward_unsupported(const BackwardParams& params, int sm_major, int sm_minor);
+
+}  // namespace memeff::cuda
