@@ -1,0 +1,239 @@
+// Argument validation: every malformed call is refused with memeff::Error naming the argument,
+// what was expected and what was given, before any backend runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "common/host_tensor.h"
+#include "memeff/attention.h"
+#include "memeff/backend.h"
+#include "memeff/error.h"
+
+namespace memeff {
+namespace {
+
+using test::HostTensor;
+
+struct Call {
+  HostTensor q{DType::f32, {2, 4, 8, 16}}, k{DType::f32, {2, 2, 10, 16}},
+      v{DType::f32, {2, 2, 10, 12}}, out{DType::f32, {2, 4, 8, 12}}, lse{DType::f32, {2, 4, 8}};
+  AttentionArgs args() const {
+    AttentionArgs a;
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    return a;
+  }
+};
+
+// Runs `f`, expects memeff::Error with the code, and every fragment in its message.
+void expect_error(const std::function<void()>& f, ErrorCode code,
+                  std::initializer_list<const char*> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const char* frag : fragments) {
+      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos)
+          << "message lacks \"" << frag << "\": " << e.what();
+    }
+  }
+}
+
+TEST(Validation, AcceptsAWellFormedGqaCall) {
+  Call c;
+  const Problem p = validate_forward(c.args(), c.out.view, c.lse.view);
+  EXPECT_EQ(p.B, 2);
+  EXPECT_EQ(p.Hq, 4);
+  EXPECT_EQ(p.Hkv, 2);
+  EXPECT_EQ(p.group_size(), 2);
+  EXPECT_EQ(p.Lq, 8);
+  EXPECT_EQ(p.Lk, 10);
+  EXPECT_EQ(p.D, 16);
+  EXPECT_EQ(p.Dv, 12);
+  EXPECT_DOUBLE_EQ(p.scale, 0.25);
+}
+
+TEST(Validation, WrongRank) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.k = TensorView::contiguous(c.k.view.data, DType::f32, {2, 20, 16});
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`k`", "rank 4", "rank 3"});
+}
+
+TEST(Validation, MismatchedSizes) {
+  Call c;
+  AttentionArgs a = c.args();
+  HostTensor k_bad_d(DType::f32, {2, 2, 10, 8});
+  a.k = k_bad_d.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`k`", "dimension 3", "16", "got 8"});
+  a = c.args();
+  HostTensor v_bad_l(DType::f32, {2, 2, 11, 12});
+  a.v = v_bad_l.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`v`", "dimension 2", "got 11"});
+  a = c.args();
+  HostTensor k_bad_b(DType::f32, {3, 2, 10, 16});
+  a.k = k_bad_b.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`k`", "batch", "got 3"});
+  HostTensor out_bad(DType::f32, {2, 4, 8, 16});
+  expect_error([&] { validate_forward(c.args(), out_bad.view, c.lse.view); },
+               ErrorCode::invalid_argument, {"`out`", "head dim of v", "12", "got 16"});
+  HostTensor lse_bad(DType::f32, {2, 4, 9});
+  expect_error([&] { validate_forward(c.args(), c.out.view, lse_bad.view); },
+               ErrorCode::invalid_argument, {"`lse`", "[2, 4, 8]"});
+}
+
+TEST(Validation, HeadsMustGroup) {
+  Call c;
+  AttentionArgs a = c.args();
+  HostTensor k3(DType::f32, {2, 3, 10, 16}), v3(DType::f32, {2, 3, 10, 12});
+  a.k = k3.view;
+  a.v = v3.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`k`", "Hkv = 3", "Hq = 4"});
+}
+
+TEST(Validation, BiasMustBroadcast) {
+  Call c;
+  AttentionArgs a = c.args();
+  HostTensor ok(DType::f32, {1, 4, 1, 10});
+  a.bias = ok.view;
+  const Problem p = validate_forward(a, c.out.view, c.lse.view);
+  EXPECT_EQ(p.bias_pattern(), "1h1k");
+  HostTensor bad(DType::f32, {2, 3, 8, 10});
+  a.bias = bad.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`bias`", "broadcastable", "dimension 1"});
+  HostTensor bad_k(DType::f32, {1, 1, 1, 1});  // keys never broadcast
+  a.bias = bad_k.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`bias`", "dimension 3"});
+  HostTensor bad_dtype(DType::f16, {1, 1, 1, 10});
+  a.bias = bad_dtype.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`bias`", "fp16"});
+}
+
+TEST(Validation, DtypesMustAgree) {
+  Call c;
+  AttentionArgs a = c.args();
+  HostTensor k16(DType::bf16, {2, 2, 10, 16});
+  a.k = k16.view;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`k`", "fp32", "bf16"});
+  HostTensor lse64(DType::f64, {2, 4, 8});
+  expect_error([&] { validate_forward(c.args(), c.out.view, lse64.view); },
+               ErrorCode::invalid_argument, {"`lse`", "fp32", "fp64"});
+}
+
+TEST(Validation, DropoutAndScaleRanges) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.dropout_p = 1.0;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`dropout_p`", "[0, 1)"});
+  a.dropout_p = -0.5;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`dropout_p`"});
+  a.dropout_p = 0.0;
+  a.scale = std::nan("");
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`scale`", "finite"});
+  a.scale = INFINITY;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`scale`"});
+}
+
+TEST(Validation, NullDataWithElements) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.v.data = nullptr;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`v`", "null"});
+  // A view with zero elements may have null data.
+  HostTensor q0(DType::f32, {2, 4, 0, 16}), out0(DType::f32, {2, 4, 0, 12}), lse0(DType::f32, {2, 4, 0});
+  a = c.args();
+  a.q = q0.view;
+  a.q.data = nullptr;
+  EXPECT_NO_THROW(validate_forward(a, out0.view, lse0.view));
+}
+
+TEST(Validation, MixedDevices) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.v.device = Device::cuda(0);
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`v`", "cpu", "cuda:0"});
+  TensorView out = c.out.view;
+  out.device = Device::cuda(1);
+  expect_error([&] { validate_forward(c.args(), out, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`out`", "cuda:1"});
+}
+
+TEST(Validation, LastDimensionMustBeContiguous) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.q.stride = {512, 128, 16, 2};
+  a.q.shape[3] = 8;
+  expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`q`", "contiguous last dimension", "stride 2"});
+}
+
+TEST(Validation, OutputsMustNotAliasInputs) {
+  Call c;
+  TensorView out = c.out.view;
+  out.data = c.v.view.data;  // out written over v
+  expect_error([&] { validate_forward(c.args(), out, c.lse.view); }, ErrorCode::invalid_argument,
+               {"`out`", "`v`"});
+  // Gradients must not overlap each other either.
+  HostTensor dout(DType::f32, {2, 4, 8, 12}), dq(DType::f32, {2, 4, 8, 16}),
+      dk(DType::f32, {2, 2, 10, 16}), dv(DType::f32, {2, 2, 10, 12});
+  BackwardTensors g{dout.view, c.out.view, c.lse.view, dq.view, dk.view, dv.view, std::nullopt};
+  EXPECT_NO_THROW(validate_backward(c.args(), g));
+  g.dv.data = dk.view.data;
+  expect_error([&] { validate_backward(c.args(), g); }, ErrorCode::invalid_argument,
+               {"`dk`", "`dv`"});
+  g.dv = dv.view;
+  g.dq.data = c.q.view.data;
+  expect_error([&] { validate_backward(c.args(), g); }, ErrorCode::invalid_argument, {"`dq`", "`q`"});
+}
+
+TEST(Validation, DbiasNeedsABiasOfTheSameShape) {
+  Call c;
+  HostTensor dout(DType::f32, {2, 4, 8, 12}), dq(DType::f32, {2, 4, 8, 16}),
+      dk(DType::f32, {2, 2, 10, 16}), dv(DType::f32, {2, 2, 10, 12}), db(DType::f32, {1, 4, 8, 10});
+  BackwardTensors g{dout.view, c.out.view, c.lse.view, dq.view, dk.view, dv.view, db.view};
+  expect_error([&] { validate_backward(c.args(), g); }, ErrorCode::invalid_argument,
+               {"`dbias`", "no bias"});
+  AttentionArgs a = c.args();
+  HostTensor bias(DType::f32, {2, 4, 8, 10});
+  a.bias = bias.view;
+  expect_error([&] { validate_backward(a, g); }, ErrorCode::invalid_argument,
+               {"`dbias`", "dimension 0", "got 1"});
+}
+
+TEST(Validation, UnsupportedDeviceIsReportedByTheDispatcher) {
+  // A CUDA tensor with no CUDA backend able to take it: an `unsupported` error listing reasons.
+  HostTensor q(DType::f32, {1, 1, 4, 8}), k(DType::f32, {1, 1, 4, 8}), v(DType::f32, {1, 1, 4, 8}),
+      out(DType::f32, {1, 1, 4, 8}), lse(DType::f32, {1, 1, 4});
+  AttentionArgs a;
+  a.q = q.view;
+  a.k = k.view;
+  a.v = v.view;
+  Options o;
+  o.backends = {"reference"};
+  TensorView o_view = out.view, l_view = lse.view;
+  for (TensorView* t : {&a.q, &a.k, &a.v, &o_view, &l_view}) t->device = Device::cuda(0);
+  expect_error([&] { forward(a, o_view, l_view, o); }, ErrorCode::unsupported,
+               {"reference", "runs on cpu"});
+}
+
+}  // namespace
+}  // namespace memeff
