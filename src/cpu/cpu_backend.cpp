@@ -1,0 +1,590 @@
+// The cpu backend: memory-efficient attention on the host. Forward is a tiled online softmax
+// (running max and sum, rescaled accumulator); backward is FlashAttention-2 style, recomputing P
+// from lse and regenerating the dropout mask from the shared RNG contract, never storing it.
+//
+// Tiles: 64 query rows × 64 keys; the key tile is the dropout map's 64-column block, so a row's
+// keep-bits for a tile are one 64-bit word. Forward threads take (b, h, query block) items;
+// backward threads take the key blocks of one (b, kv head) at a time, each owning its dK/dV tile
+// and its dbias columns, with per-thread dQ partials summed after each kv head.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core/builtin_backends.h"
+#include "core/dropout_map.h"
+#include "core/numeric.h"
+#include "cpu/simd_kernels.h"
+#include "memeff/backend.h"
+#include "memeff/error.h"
+
+namespace memeff::detail {
+namespace {
+
+constexpr int kBr = 60;  // query rows per backward tile (10 blocks of the 6-row kernel)
+constexpr int kBrFwd =
+    120;  // forward query rows: 20 blocks of the 6-row kernel, K/V packed once per 120 rows
+constexpr int kBc = kCpuKeyTile;           // keys per tile (= dropout column block)
+constexpr std::int64_t kMaxHeadDim = 512;  // per-thread tiles grow with D; beyond: reference
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr std::size_t kAlign = 64;
+
+std::int64_t round_up(std::int64_t x, std::int64_t q) { return (x + q - 1) / q * q; }
+
+// Converts n elements of a row (contiguous) to fp32.
+void load_row(const TensorView& t, std::int64_t offset, std::int64_t n, float* dst) {
+  switch (t.dtype) {
+    case DType::f32:
+      std::memcpy(dst, static_cast<const float*>(t.data) + offset, n * sizeof(float));
+      break;
+    case DType::f64: {
+      const double* src = static_cast<const double*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = static_cast<float>(src[e]);
+      break;
+    }
+    case DType::bf16: {
+      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = bf16_to_float(src[e]);
+      break;
+    }
+    case DType::f16: {
+      const std::uint16_t* src = static_cast<const std::uint16_t*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = fp16_to_float(src[e]);
+      break;
+    }
+  }
+}
+
+void store_row(const TensorView& t, std::int64_t offset, std::int64_t n, const float* src,
+               float factor) {
+  switch (t.dtype) {
+    case DType::f32: {
+      float* dst = static_cast<float*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = src[e] * factor;
+      break;
+    }
+    case DType::f64: {
+      double* dst = static_cast<double*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = src[e] * factor;
+      break;
+    }
+    case DType::bf16: {
+      std::uint16_t* dst = static_cast<std::uint16_t*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = float_to_bf16(src[e] * factor);
+      break;
+    }
+    case DType::f16: {
+      std::uint16_t* dst = static_cast<std::uint16_t*>(t.data) + offset;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = float_to_fp16(src[e] * factor);
+      break;
+    }
+  }
+}
+
+// Carves 64-byte aligned float arrays out of one block.
+class Arena {
+ public:
+  Arena(void* base, std::size_t bytes) : base_(static_cast<std::byte*>(base)), bytes_(bytes) {}
+  float* floats(std::int64_t n) {
+    return static_cast<float*>(take(static_cast<std::size_t>(n) * 4));
+  }
+  std::uint64_t* words(std::int64_t n) {
+    return static_cast<std::uint64_t*>(take(static_cast<std::size_t>(n) * 8));
+  }
+  static std::size_t padded(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+ private:
+  void* take(std::size_t bytes) {
+    bytes = padded(bytes);
+    if (used_ + bytes > bytes_) throw Error(ErrorCode::internal, "cpu backend: workspace overrun");
+    void* p = base_ + used_;
+    used_ += bytes;
+    return p;
+  }
+  std::byte* base_;
+  std::size_t bytes_;
+  std::size_t used_ = 0;
+};
+
+// Per-thread tile sizes (in floats / words) of each pass, shared by workspace_bytes and the
+// passes so the two cannot disagree.
+struct Dims {
+  std::int64_t D, Dv, Dp, Dvp;  // head dims and their padding to the product quantum
+  explicit Dims(const Problem& pb)
+      : D(pb.D),
+        Dv(pb.Dv),
+        Dp(round_up(std::max<std::int64_t>(pb.D, 1), kCpuColumnQuantum)),
+        Dvp(round_up(std::max<std::int64_t>(pb.Dv, 1), kCpuColumnQuantum)) {}
+};
+
+std::size_t forward_thread_bytes(const Dims& d) {
+  const std::size_t f = 4, w = 8;
+  return Arena::padded(kBrFwd * d.Dp * f)     // Q tile
+         + Arena::padded(d.Dp * kBc * f)      // Kᵀ tile
+         + Arena::padded(kBc * d.Dvp * f)     // V tile
+         + Arena::padded(kBrFwd * kBc * f)    // scores / probabilities
+         + Arena::padded(kBrFwd * d.Dvp * f)  // output accumulator
+         + 2 * Arena::padded(kBrFwd * f)      // running max, running sum
+         + Arena::padded(kBrFwd * w)          // keep-bits
+         + Arena::padded(kBc * f)             // bias row
+         + Arena::padded(d.Dp * f);           // row conversion scratch
+}
+
+std::size_t backward_thread_tile_bytes(const Dims& d) {
+  const std::size_t f = 4, w = 8;
+  return Arena::padded(kBc * d.Dp * f)       // K tile
+         + Arena::padded(d.Dp * kBc * f)     // Kᵀ tile
+         + Arena::padded(d.Dvp * kBc * f)    // Vᵀ tile
+         + Arena::padded(kBc * d.Dp * f)     // dK tile
+         + Arena::padded(kBc * d.Dvp * f)    // dV tile
+         + Arena::padded(kBr * d.Dp * f)     // Q tile
+         + Arena::padded(kBr * d.Dvp * f)    // dO tile
+         + 3 * Arena::padded(kBr * kBc * f)  // S/P, dP, dS
+         + 2 * Arena::padded(kBc * kBr * f)  // (P∘Z)ᵀ, dSᵀ
+         + 2 * Arena::padded(kBr * f)        // lse, D_i
+         + Arena::padded(kBr * w)            // keep-bits
+         + Arena::padded(kBc * f)            // bias row / keep multipliers
+         + Arena::padded(kBc * f) +
+         Arena::padded(std::max(d.Dp, d.Dvp) * f) * 2;  // row conversion scratch
+}
+
+int max_threads() { return std::max(1, omp_get_max_threads()); }
+
+// Memory for a pass: the caller's workspace when given, else our own (freed on return).
+class Scratch {
+ public:
+  Scratch(std::size_t need, const Options& options) {
+    if (options.workspace) {
+      if (options.workspace_bytes < need) {
+        throw Error(ErrorCode::invalid_argument,
+                    "workspace: the cpu backend needs " + std::to_string(need) +
+                        " bytes (workspace_size), got " + std::to_string(options.workspace_bytes));
+      }
+      // Align the caller's pointer; workspace_bytes() includes the slack for it.
+      auto addr = reinterpret_cast<std::uintptr_t>(options.workspace);
+      base_ = reinterpret_cast<void*>((addr + kAlign - 1) / kAlign * kAlign);
+    } else if (need > 0) {
+      owned_.reset(static_cast<std::byte*>(::operator new (need, std::align_val_t{kAlign})));
+      base_ = owned_.get();
+    }
+    bytes_ = need;
+  }
+  void* base() const { return base_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{kAlign}); }
+  };
+  std::unique_ptr<std::byte, Free> owned_;
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Bias rows of (b, h, i), converted to fp32 when the bias is not fp32 already.
+struct BiasReader {
+  const TensorView* bias = nullptr;
+  const float* row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0, std::int64_t n,
+                   float* scratch) const {
+    const TensorView& t = *bias;
+    const std::int64_t off =
+        t.offset(t.shape[0] == 1 ? 0 : b, t.shape[1] == 1 ? 0 : h, t.shape[2] == 1 ? 0 : i, j0);
+    if (t.dtype == DType::f32) return static_cast<const float*>(t.data) + off;
+    load_row(t, off, n, scratch);
+    return scratch;
+  }
+};
+
+// Number of keys of tile [j0, j0 + cols) row i sees (a prefix of the tile).
+inline int visible_prefix(const Problem& pb, std::int64_t i, std::int64_t j0, int cols) {
+  if (pb.causal == CausalMode::none) return cols;
+  const std::int64_t last = i + pb.causal_shift();  // last visible key
+  return static_cast<int>(std::clamp<std::int64_t>(last - j0 + 1, 0, cols));
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  DeviceType device_type() const override { return DeviceType::cpu; }
+
+  std::vector<std::string> reasons_unsupported(const Problem& pb, Pass) const override {
+    std::vector<std::string> why;
+    if (pb.device.type != DeviceType::cpu) why.push_back("inputs are not on the CPU");
+    if (pb.dtype == DType::f64) {
+      why.push_back("fp64 inputs: the cpu backend computes in fp32 (the reference runs fp64)");
+    }
+    if (pb.D > kMaxHeadDim || pb.Dv > kMaxHeadDim) {
+      why.push_back("head dim " + std::to_string(std::max(pb.D, pb.Dv)) + " > " +
+                    std::to_string(kMaxHeadDim) + " (per-thread tiles would outgrow the caches)");
+    }
+    if (static_cast<std::uint64_t>(pb.Lq) >= kDropoutMaxRows && pb.has_dropout()) {
+      why.push_back("Lq beyond the dropout map's row range");
+    }
+    return why;
+  }
+
+  std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
+    const Dims d(pb);
+    const auto threads = static_cast<std::size_t>(max_threads());
+    if (pass == Pass::forward) return kAlign + threads * forward_thread_bytes(d);
+    return kAlign + threads * (backward_thread_tile_bytes(d) + dq_partial_bytes(pb, d)) +
+           dbias_shadow_bytes(pb);
+  }
+
+  void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
+               const TensorView& lse, const Options& options) override;
+  void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
+                const Options& options) override;
+
+ private:
+  static std::size_t dq_partial_bytes(const Problem& pb, const Dims& d) {
+    return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq * d.Dp) * 4);
+  }
+  // An fp32 accumulator for dbias when dbias is not fp32 and receives several contributions per
+  // element (broadcast bias); the bias itself is that large, so this adds no new order.
+  static bool needs_dbias_shadow(const Problem& pb) {
+    return pb.has_bias && pb.bias_dtype != DType::f32 &&
+           (pb.bias_bcast_b || pb.bias_bcast_h || pb.bias_bcast_q);
+  }
+  static std::size_t dbias_shadow_bytes(const Problem& pb) {
+    if (!needs_dbias_shadow(pb)) return 0;
+    const std::int64_t n = (pb.bias_bcast_b ? 1 : pb.B) * (pb.bias_bcast_h ? 1 : pb.Hq) *
+                           (pb.bias_bcast_q ? 1 : pb.Lq) * pb.Lk;
+    return Arena::padded(static_cast<std::size_t>(n) * 4);
+  }
+};
+
+void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
+                         const TensorView& lse, const Options& options) {
+  const CpuKernels& kern = cpu_kernels();
+  const Dims d(pb);
+  const std::size_t per_thread = forward_thread_bytes(d);
+  Scratch scratch(workspace_bytes(pb, Pass::forward), options);
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  const BiasReader bias{args.bias ? &*args.bias : nullptr};
+  const bool dropout = pb.has_dropout();
+  const DropoutKey key = dropout ? dropout_key(args.rng.seed, args.rng.offset) : DropoutKey{0, 0};
+  const auto threshold = pb.dropout.threshold;
+  const auto keep_scale = static_cast<float>(pb.dropout.keep_scale);
+  const auto scale = static_cast<float>(pb.scale);
+  const std::int64_t G = pb.group_size();
+  const std::int64_t q_blocks = (pb.Lq + kBrFwd - 1) / kBrFwd;
+  const std::int64_t items = pb.B * pb.Hq * q_blocks;
+  float* lse_data = static_cast<float*>(lse.data);
+
+#pragma omp parallel num_threads(max_threads())
+  {
+    Arena arena(static_cast<std::byte*>(scratch.base()) + per_thread * omp_get_thread_num(),
+                per_thread);
+    float* qs = arena.floats(kBrFwd * d.Dp);
+    float* kt = arena.floats(d.Dp * kBc);
+    float* vs = arena.floats(kBc * d.Dvp);
+    float* s = arena.floats(kBrFwd * kBc);
+    float* o = arena.floats(kBrFwd * d.Dvp);
+    float* m = arena.floats(kBrFwd);
+    float* l = arena.floats(kBrFwd);
+    std::uint64_t* keep = arena.words(kBrFwd);
+    float* brow = arena.floats(kBc);
+    float* conv = arena.floats(d.Dp);
+    std::fill(vs, vs + kBc * d.Dvp, 0.0f);  // padding columns stay zero
+
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t item = 0; item < items; ++item) {
+      const std::int64_t qb = item % q_blocks, bh = item / q_blocks;
+      const std::int64_t b = bh / pb.Hq, h = bh % pb.Hq, kvh = h / G;
+      const std::int64_t i0 = qb * kBrFwd;
+      const int rows = static_cast<int>(std::min<std::int64_t>(kBrFwd, pb.Lq - i0));
+      for (int r = 0; r < rows; ++r) load_row(q, q.offset(b, h, i0 + r, 0), d.D, qs + r * d.Dp);
+      std::fill(o, o + rows * d.Dvp, 0.0f);
+      std::fill(m, m + rows, -kInf);
+      std::fill(l, l + rows, 0.0f);
+      std::int64_t key_end = pb.Lk;  // keys past the last row's horizon are skipped
+      if (pb.causal != CausalMode::none) {
+        key_end = std::clamp<std::int64_t>(i0 + rows - 1 + pb.causal_shift() + 1, 0, pb.Lk);
+      }
+      for (std::int64_t j0 = 0; j0 < key_end; j0 += kBc) {
+        const int cols = static_cast<int>(std::min<std::int64_t>(kBc, pb.Lk - j0));
+        for (int c = 0; c < cols; ++c) {
+          const float* krow = conv;
+          if (k.dtype == DType::f32) {
+            krow = static_cast<const float*>(k.data) + k.offset(b, kvh, j0 + c, 0);
+          } else {
+            load_row(k, k.offset(b, kvh, j0 + c, 0), d.D, conv);
+          }
+          for (std::int64_t e = 0; e < d.D; ++e) kt[e * kBc + c] = krow[e];
+          load_row(v, v.offset(b, kvh, j0 + c, 0), d.Dv, vs + c * d.Dvp);
+        }
+        if (cols < kBc) {
+          for (std::int64_t e = 0; e < d.D; ++e)
+            std::fill(kt + e * kBc + cols, kt + (e + 1) * kBc, 0.0f);
+        }
+        kern.gemm(rows, kBc, static_cast<int>(d.D), qs, static_cast<int>(d.Dp), kt, kBc, s, kBc,
+                  false);
+        if (dropout) {
+          kern.keep_masks64(key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(i0),
+                            rows, static_cast<std::uint64_t>(j0 / kBc), threshold, keep);
+        }
+        for (int r = 0; r < rows; ++r) {
+          float* srow = s + r * kBc;
+          const std::int64_t i = i0 + r;
+          const int valid = visible_prefix(pb, i, j0, cols);
+          if (valid <= 0) {
+            std::fill(srow, srow + kBc, 0.0f);
+            continue;
+          }
+          const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
+          const float tile_max = kern.scale_bias_max(srow, kBc, scale, bias_row, valid);
+          const float m_new = std::max(m[r], tile_max);
+          if (m_new == -kInf) {  // nothing visible yet (bias of -inf)
+            std::fill(srow, srow + kBc, 0.0f);
+            continue;
+          }
+          const float alpha = std::exp(m[r] - m_new);
+          const float sum = kern.exp_sub_sum(srow, kBc, m_new);
+          if (alpha != 1.0f) {
+            float* orow = o + r * d.Dvp;
+            for (std::int64_t e = 0; e < d.Dvp; ++e) orow[e] *= alpha;
+          }
+          l[r] = l[r] * alpha + sum;
+          m[r] = m_new;
+          if (dropout) kern.apply_keep64(srow, keep[r], 1.0f);
+        }
+        kern.gemm(rows, static_cast<int>(d.Dvp), cols, s, kBc, vs, static_cast<int>(d.Dvp), o,
+                  static_cast<int>(d.Dvp), true);
+      }
+      for (int r = 0; r < rows; ++r) {
+        const std::int64_t i = i0 + r;
+        const bool empty = l[r] == 0.0f;
+        const float factor = empty ? 0.0f : keep_scale / l[r];
+        if (empty) std::fill(o + r * d.Dvp, o + (r + 1) * d.Dvp, 0.0f);
+        store_row(out, out.offset(b, h, i, 0), d.Dv, o + r * d.Dvp, factor);
+        lse_data[lse.offset(b, h, i)] = empty ? -kInf : m[r] + std::log(l[r]);
+      }
+    }
+  }
+}
+
+void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
+                          const Options& options) {
+  const CpuKernels& kern = cpu_kernels();
+  const Dims d(pb);
+  const std::size_t tile_bytes = backward_thread_tile_bytes(d);
+  const std::size_t part_bytes = dq_partial_bytes(pb, d);
+  const int threads = max_threads();
+  Scratch scratch(workspace_bytes(pb, Pass::backward), options);
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  const BiasReader bias{args.bias ? &*args.bias : nullptr};
+  const bool dropout = pb.has_dropout();
+  const DropoutKey key = dropout ? dropout_key(args.rng.seed, args.rng.offset) : DropoutKey{0, 0};
+  const auto threshold = pb.dropout.threshold;
+  const auto keep_scale = static_cast<float>(pb.dropout.keep_scale);
+  const auto scale = static_cast<float>(pb.scale);
+  const std::int64_t G = pb.group_size();
+  const std::int64_t k_blocks = (pb.Lk + kBc - 1) / kBc;
+  const float* lse_data = static_cast<const float*>(g.lse.data);
+
+  std::byte* base = static_cast<std::byte*>(scratch.base());
+  std::byte* parts_base = base + static_cast<std::size_t>(threads) * tile_bytes;
+  // Every partial starts at zero (also those of threads the runtime may not start).
+  std::memset(parts_base, 0, static_cast<std::size_t>(threads) * part_bytes);
+
+  // dbias accumulates in fp32: in dbias itself when it is fp32, in a shadow when it is 16-bit and
+  // broadcast, and is written directly (one contribution per element) otherwise.
+  const TensorView* dbias = g.dbias ? &*g.dbias : nullptr;
+  float* shadow = nullptr;
+  std::int64_t sh_stride[4] = {0, 0, 0, 0};
+  if (dbias) {
+    const TensorView& db = *dbias;
+    if (db.dtype == DType::f32) {
+      for (std::int64_t b = 0; b < db.shape[0]; ++b)
+        for (std::int64_t h = 0; h < db.shape[1]; ++h)
+          for (std::int64_t i = 0; i < db.shape[2]; ++i)
+            std::fill_n(static_cast<float*>(db.data) + db.offset(b, h, i, 0), db.shape[3], 0.0f);
+    } else if (needs_dbias_shadow(pb)) {
+      shadow =
+          reinterpret_cast<float*>(parts_base + static_cast<std::size_t>(threads) * part_bytes);
+      sh_stride[3] = 1;
+      sh_stride[2] = db.shape[3];
+      sh_stride[1] = db.shape[2] * sh_stride[2];
+      sh_stride[0] = db.shape[1] * sh_stride[1];
+      std::fill_n(shadow, db.numel(), 0.0f);
+    } else {
+      // Rows no query block reaches (causal) still need zeros.
+      for (std::int64_t b = 0; b < db.shape[0]; ++b)
+        for (std::int64_t h = 0; h < db.shape[1]; ++h)
+          for (std::int64_t i = 0; i < db.shape[2]; ++i)
+            for (std::int64_t j = 0; j < db.shape[3]; ++j)
+              store_from_double(db, db.offset(b, h, i, j), 0.0);
+    }
+  }
+
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+    Arena arena(base + tile_bytes * static_cast<std::size_t>(tid), tile_bytes);
+    float* kj = arena.floats(kBc * d.Dp);
+    float* kjt = arena.floats(d.Dp * kBc);
+    float* vjt = arena.floats(d.Dvp * kBc);
+    float* dk = arena.floats(kBc * d.Dp);
+    float* dv = arena.floats(kBc * d.Dvp);
+    float* qi = arena.floats(kBr * d.Dp);
+    float* doi = arena.floats(kBr * d.Dvp);
+    float* s = arena.floats(kBr * kBc);
+    float* dp = arena.floats(kBr * kBc);
+    float* ds = arena.floats(kBr * kBc);
+    float* pzt = arena.floats(kBc * kBr);
+    float* dst = arena.floats(kBc * kBr);
+    float* lse_r = arena.floats(kBr);
+    float* di = arena.floats(kBr);
+    std::uint64_t* keep = arena.words(kBr);
+    float* brow = arena.floats(kBc);
+    float* z = arena.floats(kBc);
+    float* conv = arena.floats(std::max(d.Dp, d.Dvp));
+    float* conv2 = arena.floats(std::max(d.Dp, d.Dvp));
+    float* part = reinterpret_cast<float*>(parts_base + part_bytes * static_cast<std::size_t>(tid));
+    std::fill(kj, kj + kBc * d.Dp, 0.0f);
+    std::fill(qi, qi + kBr * d.Dp, 0.0f);
+    std::fill(doi, doi + kBr * d.Dvp, 0.0f);
+
+    for (std::int64_t bk = 0; bk < pb.B * pb.Hkv; ++bk) {
+      const std::int64_t b = bk / pb.Hkv, kvh = bk % pb.Hkv;
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t jb = 0; jb < k_blocks; ++jb) {
+        const std::int64_t j0 = jb * kBc;
+        const int cols = static_cast<int>(std::min<std::int64_t>(kBc, pb.Lk - j0));
+        std::fill(kjt, kjt + d.Dp * kBc, 0.0f);
+        std::fill(vjt, vjt + d.Dvp * kBc, 0.0f);
+        for (int c = 0; c < cols; ++c) {
+          float* krow = kj + c * d.Dp;
+          load_row(k, k.offset(b, kvh, j0 + c, 0), d.D, krow);
+          for (std::int64_t e = 0; e < d.D; ++e) kjt[e * kBc + c] = krow[e];
+          load_row(v, v.offset(b, kvh, j0 + c, 0), d.Dv, conv);
+          for (std::int64_t e = 0; e < d.Dv; ++e) vjt[e * kBc + c] = conv[e];
+        }
+        for (int c = cols; c < kBc; ++c) std::fill(kj + c * d.Dp, kj + (c + 1) * d.Dp, 0.0f);
+        std::fill(dk, dk + kBc * d.Dp, 0.0f);
+        std::fill(dv, dv + kBc * d.Dvp, 0.0f);
+
+        for (std::int64_t hg = 0; hg < G; ++hg) {
+          const std::int64_t h = kvh * G + hg;
+          const std::int64_t bh = b * pb.Hq + h;
+          std::int64_t i_begin = 0;  // first query row that sees key j0
+          if (pb.causal != CausalMode::none) {
+            i_begin = std::clamp<std::int64_t>(j0 - pb.causal_shift(), 0, pb.Lq);
+          }
+          for (std::int64_t i0 = i_begin; i0 < pb.Lq; i0 += kBr) {
+            const int rows = static_cast<int>(std::min<std::int64_t>(kBr, pb.Lq - i0));
+            for (int r = 0; r < rows; ++r) {
+              const std::int64_t i = i0 + r;
+              load_row(q, q.offset(b, h, i, 0), d.D, qi + r * d.Dp);
+              float* dorow = doi + r * d.Dvp;
+              load_row(g.dout, g.dout.offset(b, h, i, 0), d.Dv, dorow);
+              load_row(g.out, g.out.offset(b, h, i, 0), d.Dv, conv2);
+              float acc = 0.0f;
+              for (std::int64_t e = 0; e < d.Dv; ++e) acc += dorow[e] * conv2[e];
+              di[r] = acc;
+              const float l = lse_data[g.lse.offset(b, h, i)];
+              lse_r[r] = l == -kInf ? kInf : l;  // empty row: every P becomes exp(-inf) = 0
+            }
+            kern.gemm(rows, kBc, static_cast<int>(d.D), qi, static_cast<int>(d.Dp), kjt, kBc, s,
+                      kBc, false);
+            kern.gemm(rows, kBc, static_cast<int>(d.Dv), doi, static_cast<int>(d.Dvp), vjt, kBc, dp,
+                      kBc, false);
+            if (dropout) {
+              kern.keep_masks64(key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(i0),
+                                rows, static_cast<std::uint64_t>(jb), threshold, keep);
+            }
+            for (int r = 0; r < rows; ++r) {
+              const std::int64_t i = i0 + r;
+              float* prow = s + r * kBc;
+              float* dprow = dp + r * kBc;
+              float* dsrow = ds + r * kBc;
+              const int valid = visible_prefix(pb, i, j0, cols);
+              if (valid <= 0) {
+                for (int c = 0; c < kBc; ++c) pzt[c * kBr + r] = dst[c * kBr + r] = dsrow[c] = 0.0f;
+                continue;
+              }
+              const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
+              kern.scale_bias_max(prow, kBc, scale, bias_row, valid);
+              kern.exp_sub_sum(prow, kBc, lse_r[r]);
+              std::fill(z, z + kBc, 1.0f);
+              if (dropout) kern.apply_keep64(z, keep[r], keep_scale);
+              const float dii = di[r];
+              for (int c = 0; c < kBc; ++c) {
+                const float p = prow[c];
+                const float dsv = p * (z[c] * dprow[c] - dii);
+                dsrow[c] = dsv;
+                dst[c * kBr + r] = dsv;
+                pzt[c * kBr + r] = p * z[c];
+              }
+              if (dbias) {
+                const TensorView& db = *dbias;
+                const std::int64_t bb = db.shape[0] == 1 ? 0 : b, hh = db.shape[1] == 1 ? 0 : h,
+                                   ii = db.shape[2] == 1 ? 0 : i;
+                if (db.dtype == DType::f32) {
+                  float* dbrow = static_cast<float*>(db.data) + db.offset(bb, hh, ii, j0);
+                  for (int c = 0; c < cols; ++c) dbrow[c] += dsrow[c];
+                } else if (shadow) {
+                  float* dbrow =
+                      shadow + bb * sh_stride[0] + hh * sh_stride[1] + ii * sh_stride[2] + j0;
+                  for (int c = 0; c < cols; ++c) dbrow[c] += dsrow[c];
+                } else {
+                  store_row(db, db.offset(bb, hh, ii, j0), cols, dsrow, 1.0f);
+                }
+              }
+            }
+            kern.gemm(cols, static_cast<int>(d.Dvp), rows, pzt, kBr, doi, static_cast<int>(d.Dvp),
+                      dv, static_cast<int>(d.Dvp), true);
+            kern.gemm(cols, static_cast<int>(d.Dp), rows, dst, kBr, qi, static_cast<int>(d.Dp), dk,
+                      static_cast<int>(d.Dp), true);
+            kern.gemm(rows, static_cast<int>(d.Dp), cols, ds, kBc, kj, static_cast<int>(d.Dp),
+                      part + (hg * pb.Lq + i0) * d.Dp, static_cast<int>(d.Dp), true);
+          }
+        }
+        for (int c = 0; c < cols; ++c) {
+          store_row(g.dk, g.dk.offset(b, kvh, j0 + c, 0), d.D, dk + c * d.Dp, scale);
+          store_row(g.dv, g.dv.offset(b, kvh, j0 + c, 0), d.Dv, dv + c * d.Dvp, 1.0f);
+        }
+      }  // implicit barrier: every partial of this kv head is complete
+      const std::int64_t dq_rows = G * pb.Lq;
+#pragma omp for schedule(static)
+      for (std::int64_t row = 0; row < dq_rows; ++row) {
+        const std::int64_t hg = row / pb.Lq, i = row % pb.Lq, h = kvh * G + hg;
+        float* sum = conv;  // per-thread scratch
+        std::fill(sum, sum + d.D, 0.0f);
+        for (int t = 0; t < threads; ++t) {
+          float* pt =
+              reinterpret_cast<float*>(parts_base + part_bytes * static_cast<std::size_t>(t)) +
+              row * d.Dp;
+          for (std::int64_t e = 0; e < d.D; ++e) sum[e] += pt[e];
+          std::fill(pt, pt + d.D, 0.0f);
+        }
+        store_row(g.dq, g.dq.offset(b, h, i, 0), d.D, sum, scale);
+      }  // implicit barrier before the next kv head reuses the partials
+    }
+  }
+
+  if (shadow) {
+    const TensorView& db = *dbias;
+    for (std::int64_t b = 0; b < db.shape[0]; ++b)
+      for (std::int64_t h = 0; h < db.shape[1]; ++h)
+        for (std::int64_t i = 0; i < db.shape[2]; ++i) {
+          const float* src = shadow + b * sh_stride[0] + h * sh_stride[1] + i * sh_stride[2];
+          store_row(db, db.offset(b, h, i, 0), db.shape[3], src, 1.0f);
+        }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
+
+}  // namespace memeff::detail

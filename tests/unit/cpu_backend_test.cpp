@@ -1,0 +1,579 @@
+// The cpu backend against the reference on awkward shapes (every feature, fp32/bf16/fp16), its
+// dropout mask against memeff::dropout_mask (through the outputs and directly), its vector
+// kernels (Philox bit for bit, exp, products) against scalar ones, and its memory bound at 16k.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/host_tensor.h"
+#include "common/tolerance.h"
+#include "core/dropout_map.h"
+#include "core/philox.h"
+#include "cpu/simd_kernels.h"
+#include "memeff/attention.h"
+#include "memeff/backend.h"
+#include "memeff/dropout.h"
+#include "memeff/error.h"
+
+// ---- Allocation counting: every operator new of this binary while `g_counting` is set. ----
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<std::size_t> g_allocated{0};
+void* counted(std::size_t n, std::size_t align) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocated += n;
+  void* p = align > alignof(std::max_align_t)
+                ? std::aligned_alloc(align, (n + align - 1) / align * align)
+                : std::malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+void* operator new(std::size_t n) { return counted(n, 0); }
+void* operator new[](std::size_t n) { return counted(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return counted(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return counted(n, static_cast<std::size_t>(a));
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace memeff {
+namespace {
+
+using test::HostTensor;
+using test::Layout;
+
+struct Config {
+  std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 17, Lk = 17, D = 40, Dv = -1;  // Dv -1: = D
+  CausalMode causal = CausalMode::none;
+  std::string bias = "none";  // "none" or a pattern like "bhqk", "1h1k"
+  double dropout = 0.0;
+  DType dtype = DType::f32;
+  Layout layout = Layout::bhld;
+  std::uint64_t seed = 99, offset = 3;
+
+  std::int64_t dv() const { return Dv < 0 ? D : Dv; }
+  std::string describe() const {
+    return std::string(dtype_name(dtype)) + " B" + std::to_string(B) + " Hq" + std::to_string(Hq) +
+           " Hkv" + std::to_string(Hkv) + " Lq" + std::to_string(Lq) + " Lk" + std::to_string(Lk) +
+           " D" + std::to_string(D) + " Dv" + std::to_string(dv()) + " causal " +
+           causal_mode_name(causal) + " bias " + bias + " p " + std::to_string(dropout) +
+           (layout == Layout::blhd ? " blhd" : " bhld");
+  }
+};
+
+// All tensors of one call: inputs random (a function of data_seed), outputs poisoned.
+struct Case {
+  Config cfg;
+  HostTensor q, k, v, out, lse, dout, dq, dk, dv;
+  std::optional<HostTensor> bias, dbias;
+
+  Case(const Config& c, std::uint64_t data_seed)
+      : cfg(c),
+        q(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout),
+        k(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout),
+        v(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()}, c.layout),
+        out(c.dtype, {c.B, c.Hq, c.Lq, c.dv()}, c.layout),
+        lse(DType::f32, {c.B, c.Hq, c.Lq}),
+        dout(c.dtype, {c.B, c.Hq, c.Lq, c.dv()}, c.layout),
+        dq(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout),
+        dk(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout),
+        dv(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()}, c.layout) {
+    std::mt19937_64 rng(data_seed);
+    test::fill_normal(q, rng);
+    test::fill_normal(k, rng);
+    test::fill_normal(v, rng);
+    test::fill_normal(dout, rng);
+    if (c.bias != "none") {
+      const std::int64_t full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+      std::vector<std::int64_t> shape(4);
+      for (int d = 0; d < 4; ++d) shape[d] = c.bias[d] == '1' ? 1 : full[d];
+      bias.emplace(c.dtype, shape);
+      dbias.emplace(c.dtype, shape);
+      test::fill_normal(*bias, rng);
+    }
+    poison_outputs();
+  }
+  void poison_outputs() {
+    for (HostTensor* t : {&out, &lse, &dq, &dk, &dv}) test::poison(*t);
+    if (dbias) test::poison(*dbias);
+  }
+
+  AttentionArgs args() const {
+    AttentionArgs a;
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    if (bias) a.bias = bias->view;
+    a.causal = cfg.causal;
+    a.dropout_p = cfg.dropout;
+    a.rng = {cfg.seed, cfg.offset};
+    return a;
+  }
+  CallInfo run_forward(const std::string& backend) {
+    Options o;
+    o.backends = {backend};
+    return forward(args(), out.view, lse.view, o);
+  }
+  CallInfo run_backward(const std::string& backend) {
+    Options o;
+    o.backends = {backend};
+    BackwardTensors g{dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
+    if (dbias) g.dbias = dbias->view;
+    return backward(args(), g, o);
+  }
+};
+
+// max |a - e| <= atol + rtol·max|e|, and no NaN or misplaced infinity.
+void expect_close(const HostTensor& actual, const HostTensor& expected, const test::Tolerance& tol,
+                  const std::string& what) {
+  const test::Diff d = test::compare(actual, expected);
+  EXPECT_FALSE(d.nan) << what << ": NaN or non-finite mismatch at " << d.where(actual);
+  EXPECT_LE(d.max_abs, tol.bound(d.max_ref))
+      << what << ": max |diff| " << d.max_abs << " at " << d.where(actual) << " (max |ref| "
+      << d.max_ref << ")";
+}
+
+// Forward and backward of the cpu backend against the reference on the same inputs.
+void check_against_reference(const Config& c, bool with_backward = true) {
+  SCOPED_TRACE(c.describe());
+  static std::uint64_t data_seed = 1000;
+  ++data_seed;
+  Case ref(c, data_seed), cpu(c, data_seed);
+  ref.run_forward("reference");
+  const CallInfo info = cpu.run_forward("cpu");
+  EXPECT_EQ(info.backend, "cpu");
+  const std::int64_t fwd_red = std::max(c.D, c.Lk);
+  const test::Tolerance ft = test::forward_tolerance(c.dtype, fwd_red);
+  expect_close(cpu.out, ref.out, ft, "out");
+  // lse is fp32 in both; the cpu backend's scores carry fp32 error over D terms.
+  expect_close(cpu.lse, ref.lse, test::forward_tolerance(DType::f32, fwd_red), "lse");
+  if (!with_backward) return;
+  // Both backwards read the reference's out and lse, so only the backward itself differs.
+  cpu.out = ref.out;
+  cpu.lse = ref.lse;
+  ref.run_backward("reference");
+  cpu.run_backward("cpu");
+  const test::Tolerance bt =
+      test::backward_tolerance(c.dtype, std::max({c.D, c.dv(), c.Lk, c.Lq * (c.Hq / c.Hkv)}));
+  // The cpu backend takes D_i = rowsum(dO ∘ O) from the stored (rounded) out, FlashAttention-2
+  // style; the reference sums P∘Z∘dP exactly. That costs about u · Σ|dO||O| in dS, which matters
+  // where the gradient itself cancels to ~0 (a row with one visible key): allow it explicitly.
+  double d_err = 0.0, max_q = 0.0, max_k = 0.0;
+  for (std::int64_t row = 0; row < c.B * c.Hq * c.Lq; ++row) {
+    double sum = 0.0;
+    for (std::int64_t e = 0; e < c.dv(); ++e) {
+      sum += std::abs(ref.dout.get(row * c.dv() + e) * ref.out.get(row * c.dv() + e));
+    }
+    d_err = std::max(d_err, 4.0 * test::unit_roundoff(c.dtype) * sum);
+  }
+  for (std::int64_t i = 0; i < ref.q.numel(); ++i) max_q = std::max(max_q, std::abs(ref.q.get(i)));
+  for (std::int64_t i = 0; i < ref.k.numel(); ++i) max_k = std::max(max_k, std::abs(ref.k.get(i)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  auto widen = [](test::Tolerance t, double extra) {
+    return test::Tolerance{t.atol + extra, t.rtol};
+  };
+  expect_close(cpu.dq, ref.dq, widen(bt, d_err * scale * max_k), "dq");
+  expect_close(cpu.dk, ref.dk,
+               widen(bt, d_err * scale * max_q * std::sqrt(double(c.Lq * (c.Hq / c.Hkv)))), "dk");
+  expect_close(cpu.dv, ref.dv, bt, "dv");
+  if (c.bias != "none") expect_close(*cpu.dbias, *ref.dbias, widen(bt, d_err), "dbias");
+}
+
+Options only_cpu() {
+  Options o;
+  o.backends = {"cpu"};
+  return o;
+}
+
+Config make(std::int64_t Lq, std::int64_t Lk, std::int64_t D, DType dtype) {
+  Config c;
+  c.Lq = Lq;
+  c.Lk = Lk;
+  c.D = D;
+  c.dtype = dtype;
+  return c;
+}
+
+class CpuVsReference : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CpuVsReference, LengthsAndHeadDims) {
+  const DType t = GetParam();
+  check_against_reference(make(1, 1, 8, t));
+  check_against_reference(make(17, 17, 40, t));
+  check_against_reference(make(64, 65, 64, t));
+  check_against_reference(make(65, 127, 80, t));
+  check_against_reference(make(129, 64, 16, t));
+  Config wide = make(33, 70, 256, t);
+  wide.Hq = wide.Hkv = 1;
+  check_against_reference(wide);
+  Config dv = make(40, 129, 128, t);
+  dv.Dv = 24;  // Dv != D
+  dv.Hq = dv.Hkv = 1;
+  check_against_reference(dv);
+}
+
+TEST_P(CpuVsReference, CausalBothWaysWithDropoutOverSeveralKeyTiles) {
+  const DType t = GetParam();
+  for (CausalMode mode : {CausalMode::top_left, CausalMode::bottom_right}) {
+    for (auto [Lq, Lk] : {std::pair<int, int>{127, 129}, {129, 65}, {65, 200}, {1, 130}}) {
+      Config c = make(Lq, Lk, 64, t);
+      c.causal = mode;
+      c.dropout = 0.2;
+      check_against_reference(c);
+    }
+  }
+}
+
+TEST_P(CpuVsReference, BiasBroadcastEachWayWithGradient) {
+  const DType t = GetParam();
+  for (const char* pattern : {"bhqk", "1hqk", "b1qk", "bh1k", "111k", "11qk"}) {
+    Config c = make(33, 70, 40, t);
+    c.B = 2;
+    c.Hq = 2;
+    c.Hkv = 1;
+    c.bias = pattern;
+    c.causal = CausalMode::bottom_right;
+    c.dropout = 0.1;
+    check_against_reference(c);
+  }
+}
+
+TEST_P(CpuVsReference, GqaAndStridedBlhdInputs) {
+  const DType t = GetParam();
+  Config c = make(65, 129, 64, t);
+  c.B = 2;
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.layout = Layout::blhd;
+  c.causal = CausalMode::top_left;
+  c.dropout = 0.15;
+  c.bias = "b1qk";
+  check_against_reference(c);
+  Config mqa = make(17, 64, 32, t);
+  mqa.Hq = 3;
+  mqa.Hkv = 1;
+  mqa.layout = Layout::blhd;
+  check_against_reference(mqa);
+}
+
+TEST(CpuBackend, Length1013WithEverythingOn) {
+  Config c = make(1013, 1013, 64, DType::f32);
+  c.Hq = c.Hkv = 1;
+  c.causal = CausalMode::top_left;
+  c.dropout = 0.1;
+  c.bias = "111k";
+  check_against_reference(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CpuVsReference, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CpuBackend, Fp16Cases) {
+  Config a = make(65, 127, 64, DType::f16);
+  a.causal = CausalMode::bottom_right;
+  a.dropout = 0.1;
+  a.bias = "1hqk";
+  check_against_reference(a);
+  Config b = make(17, 33, 80, DType::f16);
+  b.Hq = 4;
+  b.Hkv = 1;
+  check_against_reference(b);
+}
+
+TEST(CpuBackend, EmptyRowsAndEmptyCalls) {
+  // Bottom-right with Lq > Lk: the first Lq - Lk rows see nothing: out 0, lse -inf, dq 0.
+  Config c = make(70, 5, 16, DType::f32);
+  c.causal = CausalMode::bottom_right;
+  c.dropout = 0.3;
+  check_against_reference(c);
+  Case t(c, 5);
+  t.run_forward("cpu");
+  t.run_backward("cpu");
+  for (std::int64_t i = 0; i < 65; ++i) {
+    EXPECT_EQ(t.lse.get(i), -std::numeric_limits<double>::infinity()) << "row " << i;
+    for (std::int64_t e = 0; e < c.D; ++e) {
+      ASSERT_EQ(t.out.get(i * c.D + e), 0.0) << "out row " << i;
+      ASSERT_EQ(t.dq.get(i * c.D + e), 0.0) << "dq row " << i;
+    }
+  }
+  // Lq = 0: backward must still zero dk, dv and dbias.
+  Config z = make(0, 9, 8, DType::f32);
+  z.bias = "111k";
+  Case e(z, 6);
+  e.run_forward("cpu");
+  e.run_backward("cpu");
+  for (const HostTensor* g : {&e.dk, &e.dv, &*e.dbias}) {
+    for (std::int64_t i = 0; i < g->numel(); ++i) ASSERT_EQ(g->get(i), 0.0) << "element " << i;
+  }
+  // Lk = 0: out 0, lse -inf, dq 0.
+  Case k0(make(3, 0, 8, DType::bf16), 7);
+  k0.run_forward("cpu");
+  k0.run_backward("cpu");
+  for (std::int64_t i = 0; i < k0.out.numel(); ++i) ASSERT_EQ(k0.out.get(i), 0.0);
+  for (std::int64_t i = 0; i < k0.dq.numel(); ++i) ASSERT_EQ(k0.dq.get(i), 0.0);
+  for (std::int64_t i = 0; i < k0.lse.numel(); ++i) ASSERT_TRUE(std::isinf(k0.lse.get(i)));
+}
+
+TEST(CpuBackend, RefusesFp64WithAReason) {
+  auto cpu = find_backend("cpu");
+  ASSERT_TRUE(cpu);
+  Problem p;
+  p.B = p.Hq = p.Hkv = 1;
+  p.Lq = p.Lk = 4;
+  p.D = p.Dv = 8;
+  p.dtype = DType::f64;
+  const auto why = cpu->reasons_unsupported(p, Pass::forward);
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_NE(why[0].find("fp64"), std::string::npos);
+  p.dtype = DType::bf16;
+  EXPECT_TRUE(cpu->reasons_unsupported(p, Pass::backward).empty());
+}
+
+// With V = I (Lk <= Dv) out[i][j] = P_ij·Z_ij: zero exactly where the mask dropped (i, j).
+TEST(CpuBackend, DropoutMaskSeenThroughOutputsEqualsDropoutMask) {
+  Config c = make(70, 130, 16, DType::f32);
+  c.Dv = 144;
+  c.B = 2;
+  c.Hq = 2;
+  c.Hkv = 1;
+  c.dropout = 0.4;
+  c.seed = 0x1234567890ABCDEFull;
+  c.offset = 77;
+  Case t(c, 11);
+  for (std::int64_t j = 0; j < c.Lk * c.dv() * c.B; ++j) t.v.set(j, 0.0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t j = 0; j < c.Lk; ++j) t.v.set((b * c.Lk + j) * c.dv() + j, 1.0);
+  t.run_forward("cpu");
+  MaskWindow w;
+  w.heads = c.Hq;
+  w.batch_count = c.B;
+  w.head_count = c.Hq;
+  w.rows = c.Lq;
+  w.cols = c.Lk;
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(c.B * c.Hq * c.Lq * c.Lk));
+  dropout_mask(c.seed, c.offset, c.dropout, w, keep.data());
+  std::int64_t dropped = 0;
+  for (std::int64_t bhi = 0; bhi < c.B * c.Hq * c.Lq; ++bhi) {
+    for (std::int64_t j = 0; j < c.Lk; ++j) {
+      const bool kept = t.out.get(bhi * c.dv() + j) != 0.0;
+      ASSERT_EQ(kept, keep[static_cast<std::size_t>(bhi * c.Lk + j)] != 0)
+          << "row " << bhi << " column " << j;
+      dropped += !kept;
+    }
+    for (std::int64_t e = c.Lk; e < c.dv(); ++e) ASSERT_EQ(t.out.get(bhi * c.dv() + e), 0.0);
+  }
+  const double rate = static_cast<double>(dropped) / static_cast<double>(keep.size());
+  EXPECT_NEAR(rate, 0.4, 0.03);
+}
+
+// The vector keep-bit generator against the public packed mask, word for word, far out in rows,
+// columns and heads.
+TEST(CpuKernels, KeepMasksEqualDropoutKeepBits) {
+  const std::uint64_t seed = 42, offset = 1ull << 40;
+  for (double p : {0.1, 0.5, 0.9}) {
+    const DropoutThreshold t = dropout_threshold(p);
+    const detail::DropoutKey key = detail::dropout_key(seed, offset);
+    MaskWindow w;
+    w.heads = 5;
+    w.batch_begin = 3;
+    w.head_begin = 4;
+    w.row_begin = 4000000000;  // rows up to 2^32
+    w.rows = 37;
+    w.col_begin = 64 * 1000003;
+    w.cols = 64 * 3;
+    std::vector<std::uint64_t> bits(static_cast<std::size_t>(w.rows * 3));
+    dropout_keep_bits(seed, offset, p, w, bits.data());
+    const std::uint64_t bh = 3 * 5 + 4;
+    for (detail::CpuIsa isa : {detail::CpuIsa::scalar, detail::CpuIsa::avx2}) {
+      if (!detail::cpu_supports(isa)) continue;
+      const detail::CpuKernels& k = detail::cpu_kernels(isa);
+      for (int cb = 0; cb < 3; ++cb) {
+        std::vector<std::uint64_t> masks(static_cast<std::size_t>(w.rows));
+        k.keep_masks64(key, bh, static_cast<std::uint64_t>(w.row_begin), static_cast<int>(w.rows),
+                       static_cast<std::uint64_t>(w.col_begin / 64 + cb), t.threshold,
+                       masks.data());
+        for (std::int64_t r = 0; r < w.rows; ++r) {
+          ASSERT_EQ(masks[r], bits[static_cast<std::size_t>(r * 3 + cb)])
+              << k.name << " p " << p << " row " << r << " block " << cb;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, VectorPhiloxMatchesScalarBitForBit) {
+  std::mt19937_64 rng(3);
+  const int n = 1003;  // not a multiple of the vector width
+  std::vector<std::uint32_t> c[4], out(4 * n);
+  for (auto& v : c) {
+    v.resize(n);
+    for (auto& x : v) x = static_cast<std::uint32_t>(rng());
+  }
+  c[0][0] = c[1][0] = c[2][0] = c[3][0] = 0;
+  for (detail::CpuIsa isa : {detail::CpuIsa::scalar, detail::CpuIsa::avx2}) {
+    if (!detail::cpu_supports(isa)) continue;
+    for (auto [k0, k1] :
+         {std::pair<std::uint32_t, std::uint32_t>{0u, 0u}, {0xDEADBEEFu, 0x12345u}}) {
+      detail::cpu_kernels(isa).philox(c[0].data(), c[1].data(), c[2].data(), c[3].data(), k0, k1, n,
+                                      out.data());
+      for (int t = 0; t < n; ++t) {
+        const detail::Philox4 r = detail::philox4x32_10(c[0][t], c[1][t], c[2][t], c[3][t], k0, k1);
+        for (int w = 0; w < 4; ++w)
+          ASSERT_EQ(out[4 * t + w], r.x[w]) << "call " << t << " word " << w;
+      }
+    }
+    // Known answer: counter 0, key 0.
+    detail::cpu_kernels(isa).philox(c[0].data(), c[1].data(), c[2].data(), c[3].data(), 0, 0, 1,
+                                    out.data());
+    EXPECT_EQ(out[0], 0x6627e8d5u);
+    EXPECT_EQ(out[1], 0xe169c58du);
+    EXPECT_EQ(out[2], 0xbc57ac4cu);
+    EXPECT_EQ(out[3], 0x9b00dbd8u);
+  }
+}
+
+TEST(CpuKernels, FastExpIsAccurateAndZeroBelowRange) {
+  if (!detail::cpu_supports(detail::CpuIsa::avx2)) GTEST_SKIP() << "no AVX2";
+  const auto& k = detail::cpu_kernels(detail::CpuIsa::avx2);
+  std::vector<float> x, y;
+  for (float v = -87.0f; v < 88.0f; v += 0.01173f) x.push_back(v);
+  for (float v :
+       {0.0f, -0.0f, 1e-8f, -1e-8f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()})
+    x.push_back(v);
+  while (x.size() % 8) x.push_back(0.5f);
+  y.resize(x.size());
+  k.exp(x.data(), y.data(), static_cast<int>(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i] < -87.4f) {
+      EXPECT_EQ(y[i], 0.0f) << "x " << x[i];
+      continue;
+    }
+    const double e = std::exp(static_cast<double>(x[i]));
+    ASSERT_LE(std::abs(y[i] - e), 4e-7 * e) << "x " << x[i];
+  }
+}
+
+TEST(CpuKernels, VectorProductMatchesScalar) {
+  if (!detail::cpu_supports(detail::CpuIsa::avx2)) GTEST_SKIP() << "no AVX2";
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd;
+  for (auto [m, n, k] :
+       {std::tuple<int, int, int>{1, 16, 1}, {7, 32, 13}, {64, 64, 64}, {13, 48, 80}}) {
+    const int lda = k + 3, ldb = n + 16, ldc = n + 16;
+    std::vector<float> a(m * lda), b(k * ldb), c1(m * ldc, 1.0f), c2(m * ldc, 1.0f);
+    for (auto& v : a) v = nd(rng);
+    for (auto& v : b) v = nd(rng);
+    for (bool acc : {false, true}) {
+      detail::cpu_kernels(detail::CpuIsa::scalar)
+          .gemm(m, n, k, a.data(), lda, b.data(), ldb, c1.data(), ldc, acc);
+      detail::cpu_kernels(detail::CpuIsa::avx2)
+          .gemm(m, n, k, a.data(), lda, b.data(), ldb, c2.data(), ldc, acc);
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < ldc; ++j)
+          ASSERT_NEAR(c1[i * ldc + j], c2[i * ldc + j], 1e-4 * std::sqrt(k))
+              << "m " << m << " n " << n << " k " << k << " at " << i << "," << j;
+    }
+  }
+}
+
+// Lq = Lk = 16384: the backend's extra memory is its workspace (O(threads · tile)), nothing that
+// grows like Lq·Lk; a backward at 4096 adds only per-thread dQ partials (O(threads · Lq · D)).
+TEST(CpuBackend, MemoryStaysLinearAt16k) {
+  const int threads = omp_get_max_threads();
+  Config c = make(16384, 16384, 64, DType::f32);
+  c.Hq = c.Hkv = 1;
+  c.causal = CausalMode::top_left;  // half the work; the same buffers
+  c.dropout = 0.1;
+  Case t(c, 21);
+  const std::size_t ws = workspace_size(t.args(), Pass::forward, only_cpu());
+  EXPECT_LE(ws, static_cast<std::size_t>(threads) * (256u << 10)) << "forward workspace " << ws;
+  g_allocated = 0;
+  g_counting = true;
+  t.run_forward("cpu");
+  g_counting = false;
+  const std::size_t score_bytes = std::size_t{16384} * 16384 * 4;
+  EXPECT_LE(g_allocated.load(), ws + (64u << 10)) << "allocated beyond the workspace";
+  EXPECT_LT(g_allocated.load() * 1000, score_bytes);
+  // Spot-check rows against a direct double-precision computation of the same definition.
+  const auto drop = dropout_threshold(c.dropout);
+  for (std::int64_t i : {0, 5000, 16383}) {
+    std::vector<double> s(static_cast<std::size_t>(i + 1));
+    double m = -INFINITY;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double dot = 0;
+      for (std::int64_t e = 0; e < c.D; ++e) dot += t.q.get(i * c.D + e) * t.k.get(j * c.D + e);
+      s[j] = dot / 8.0;
+      m = std::max(m, s[j]);
+    }
+    double sum = 0;
+    for (double& x : s) sum += (x = std::exp(x - m));
+    for (std::int64_t e = 0; e < 4; ++e) {
+      double o = 0;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        if (dropout_keep(c.seed, c.offset, c.dropout, 1, 0, 0, i, j))
+          o += s[j] * t.v.get(j * c.D + e);
+      }
+      o *= drop.keep_scale / sum;
+      EXPECT_NEAR(t.out.get(i * c.D + e), o, 1e-4) << "row " << i << " col " << e;
+    }
+    EXPECT_NEAR(t.lse.get(i), m + std::log(sum), 1e-4);
+  }
+
+  Config cb = make(4096, 4096, 64, DType::f32);
+  cb.Hq = cb.Hkv = 1;
+  cb.dropout = 0.1;
+  Case tb(cb, 22);
+  tb.run_forward("cpu");
+  const std::size_t wsb = workspace_size(tb.args(), Pass::backward, only_cpu());
+  EXPECT_LE(wsb, static_cast<std::size_t>(threads) * ((512u << 10) + 4096u * 64 * 4));
+  g_allocated = 0;
+  g_counting = true;
+  tb.run_backward("cpu");
+  g_counting = false;
+  EXPECT_LE(g_allocated.load(), wsb + (64u << 10));
+  for (const HostTensor* g : {&tb.dq, &tb.dk, &tb.dv}) {
+    for (std::int64_t i = 0; i < g->numel(); i += 97) ASSERT_TRUE(std::isfinite(g->get(i)));
+  }
+}
+
+TEST(CpuBackend, UsesCallerWorkspaceAndRejectsASmallOne) {
+  Config c = make(100, 150, 40, DType::bf16);
+  c.dropout = 0.2;
+  Case t(c, 31);
+  Options o = only_cpu();
+  const std::size_t ws = workspace_size(t.args(), Pass::forward, o);
+  std::vector<std::uint8_t> buf(ws);
+  o.workspace = buf.data();
+  o.workspace_bytes = ws;
+  g_allocated = 0;
+  g_counting = true;
+  forward(t.args(), t.out.view, t.lse.view, o);
+  g_counting = false;
+  EXPECT_LT(g_allocated.load(), 16u << 10) << "allocated although a workspace was given";
+  Case r(c, 31);
+  r.run_forward("reference");
+  expect_close(t.out, r.out, test::forward_tolerance(c.dtype, 150), "out");
+  o.workspace_bytes = ws / 2;
+  EXPECT_THROW(forward(t.args(), t.out.view, t.lse.view, o), Error);
+}
+
+}  // namespace
+}  // namespace memeff
