@@ -12,6 +12,12 @@
 
 namespace memeff {
 
+// One candidate's measured time (median of the timed repeats), from autotuning.
+struct CandidateTime {
+  std::string backend;
+  double ms = 0.0;
+};
+
 struct BackendReport {
   std::string name;
   bool eligible = false;
@@ -26,6 +32,9 @@ struct Explanation {
   std::vector<BackendReport> backends;
   std::string chosen;  // empty when no backend qualifies
   std::string reason;  // why `chosen` won: priority, heuristic, user restriction or autotune result
+  bool autotune = false;  // autotuning is on for this call (Options or MEMEFF_AUTOTUNE)
+  std::string key;        // the autotune key of this call (set when autotune is on)
+  std::vector<CandidateTime> timings;  // the measured candidates when the choice is a tune result
 
   std::string to_string() const;  // human-readable, several lines
   std::string to_json() const;    // one JSON object
@@ -46,10 +55,13 @@ class ScopedBackends {
 
 // One remembered autotune decision.
 struct TuneEntry {
-  std::string key;      // device, capability, dtype, B·H, Lq, Lk, D, Dv, causal, dropout, bias, GQA, pass
+  // device and capability, dtype, B·H, Lq, Lk, D, Dv, causal, dropout, bias, GQA, pass, and the
+  // candidate set that was timed
+  std::string key;
   std::string backend;  // the winner
   std::string config;   // kernel configuration inside the backend ("" for its default)
   double ms = 0.0;      // its measured time
+  std::vector<CandidateTime> candidates;  // every timed candidate, fastest first
 };
 
 // Entries known in memory (after loading the cache file, if any).
@@ -59,5 +71,8 @@ std::vector<TuneEntry> autotune_entries();
 std::string autotune_cache_path();
 // Forgets in-memory decisions (the file is left alone); for tests and long-running tools.
 void autotune_reset_memory();
+// Whether a call with these options autotunes: Options::autotune when set, else MEMEFF_AUTOTUNE
+// ("1", "true", "on" or "yes").
+bool autotune_enabled(const Options& options = {});
 
 }  // namespace memeff

@@ -1,15 +1,25 @@
-// The backend registry and the dispatcher behind forward/backward.
+// The backend registry and the dispatcher behind forward, backward, workspace_size and explain.
+// All four go through decide(): resolve the order, collect every backend's reasons, choose (first
+// eligible, or the autotuned winner), so what explain() says is exactly what a call does.
 #include "core/dispatch.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "core/builtin_backends.h"
+#include "core/json.h"
 #include "memeff/error.h"
 
 namespace memeff {
 namespace {
+
+namespace json = detail::json;
 
 struct Registry {
   std::mutex mutex;
@@ -24,6 +34,122 @@ struct Registry {
     return *registry;
   }
 };
+
+std::vector<std::shared_ptr<Backend>> registry_snapshot() {
+  Registry& r = Registry::get();
+  std::lock_guard lock(r.mutex);
+  return r.backends;
+}
+
+// The ScopedBackends of this thread, outermost first.
+thread_local std::vector<std::vector<std::string>> t_guard_stack;
+
+const char* pass_name(Pass pass) { return pass == Pass::forward ? "forward" : "backward"; }
+const char* device_type_name(DeviceType t) { return t == DeviceType::cuda ? "cuda" : "cpu"; }
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+std::string format_ms(double ms) {
+  std::ostringstream os;
+  os << std::setprecision(3) << ms << " ms";
+  return os.str();
+}
+
+// MEMEFF_BACKENDS as a list of registered names; empty when unset or blank. A name that is not
+// registered is an error naming the variable (a typo must not silently change the order).
+std::vector<std::string> env_backends(const std::vector<std::shared_ptr<Backend>>& registered) {
+  const char* raw = std::getenv("MEMEFF_BACKENDS");
+  if (!raw) return {};
+  std::vector<std::string> names;
+  std::string item;
+  std::istringstream in(raw);
+  while (std::getline(in, item, ',')) {
+    const auto first = item.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    const auto last = item.find_last_not_of(" \t");
+    names.push_back(item.substr(first, last - first + 1));
+  }
+  std::vector<std::string> known;
+  for (const auto& b : registered) known.push_back(b->name());
+  for (const std::string& name : names) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      throw Error(ErrorCode::invalid_argument,
+                  "MEMEFF_BACKENDS=\"" + std::string(raw) + "\": \"" + name +
+                      "\" is not a registered backend; registered backends: " + join(known));
+    }
+  }
+  return names;
+}
+
+// Every reason `backend` cannot run the problem, the device mismatch included.
+std::vector<std::string> reasons_for(const Backend& backend, const Problem& problem, Pass pass) {
+  if (backend.device_type() != problem.device.type) {
+    return {std::string("runs on ") + device_type_name(backend.device_type()) +
+            ", the tensors are on " + device_name(problem.device)};
+  }
+  try {
+    return backend.reasons_unsupported(problem, pass);
+  } catch (const std::exception& e) {
+    return {std::string("could not check the problem: ") + e.what()};
+  }
+}
+
+json::Value problem_json(const Problem& p) {
+  json::Value v = json::Value::object();
+  v.set("dtype", json::Value::string(dtype_name(p.dtype)));
+  v.set("device", json::Value::string(device_name(p.device)));
+  v.set("B", json::Value::number(static_cast<double>(p.B)));
+  v.set("Hq", json::Value::number(static_cast<double>(p.Hq)));
+  v.set("Hkv", json::Value::number(static_cast<double>(p.Hkv)));
+  v.set("Lq", json::Value::number(static_cast<double>(p.Lq)));
+  v.set("Lk", json::Value::number(static_cast<double>(p.Lk)));
+  v.set("D", json::Value::number(static_cast<double>(p.D)));
+  v.set("Dv", json::Value::number(static_cast<double>(p.Dv)));
+  v.set("causal", json::Value::string(causal_mode_name(p.causal)));
+  v.set("bias", json::Value::string(p.bias_pattern()));
+  v.set("dropout_p", json::Value::number(p.dropout_p));
+  v.set("scale", json::Value::number(p.scale));
+  return v;
+}
+
+bool log_dispatch_enabled() {
+  const char* v = std::getenv("MEMEFF_LOG_DISPATCH");
+  return v && *v && std::string(v) != "0";
+}
+
+// One stderr line per distinct (pass, shape, order, choice).
+void log_decision(const Explanation& ex) {
+  if (!log_dispatch_enabled()) return;
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  const std::string key = std::string(pass_name(ex.pass)) + "|" + ex.problem.describe() + "|" +
+                          join(ex.order, ",") + "|" + ex.order_source + "|" + ex.chosen;
+  {
+    std::lock_guard lock(mutex);
+    if (!seen.insert(key).second) return;
+  }
+  std::ostringstream os;
+  os << "memeff: dispatch " << pass_name(ex.pass) << " " << ex.problem.describe() << " -> "
+     << ex.chosen << " (" << ex.reason << ")";
+  for (const BackendReport& r : ex.backends) {
+    if (!r.eligible) os << "; " << r.name << ": " << join(r.reasons, "; ");
+  }
+  std::cerr << os.str() << std::endl;
+}
+
+[[noreturn]] void throw_unsupported(const Explanation& ex) {
+  std::ostringstream os;
+  os << "no backend can run this " << pass_name(ex.pass) << " (" << ex.problem.describe()
+     << "); order walked (" << ex.order_source << "): " << join(ex.order)
+     << "; every backend and why not:";
+  for (const BackendReport& r : ex.backends)
+    os << "\n  " << r.name << ": " << join(r.reasons, "; ");
+  throw Error(ErrorCode::unsupported, os.str());
+}
 
 }  // namespace
 
@@ -61,79 +187,309 @@ std::shared_ptr<Backend> find_backend(const std::string& name) {
 }
 
 std::vector<std::string> backend_names() {
-  Registry& r = Registry::get();
-  std::lock_guard lock(r.mutex);
   std::vector<std::string> names;
-  for (const auto& b : r.backends) names.push_back(b->name());
+  for (const auto& b : registry_snapshot()) names.push_back(b->name());
   return names;
 }
 
+ScopedBackends::ScopedBackends(std::vector<std::string> order) {
+  if (order.empty()) {
+    throw Error(ErrorCode::invalid_argument,
+                "argument `order` of ScopedBackends: expected at least one backend name");
+  }
+  t_guard_stack.push_back(std::move(order));
+}
+
+ScopedBackends::~ScopedBackends() { t_guard_stack.pop_back(); }
+
 namespace detail {
 
-std::vector<std::string> default_order(const Problem& problem) {
-  if (problem.device.type == DeviceType::cuda) return {"cuda", "cuda_math"};
-  return {"cpu", "reference"};
+HeuristicOrder default_order(const Problem& problem) {
+  HeuristicOrder h;
+  if (problem.device.type == DeviceType::cuda) {
+    // The fused kernels ("cuda") never materialize Lq×Lk, so they lead. cuda_math (cuBLAS +
+    // softmax kernel, fp32 Lq×Lk buffers) follows as the fallback for what the fused kernels
+    // refuse (fp32, head dims without an instantiation, ...). For tiny score matrices
+    // (Lq·Lk <= kTinyScoreElements, at most one 32×32 block per head) both are bound by launch
+    // overhead and the fused kernel spends its tile mostly on padding; there cuda_math leads.
+    // The threshold is a documented first guess until docs/benchmarks.md measures the crossover;
+    // MEMEFF_AUTOTUNE=1 measures it for each shape instead.
+    if (problem.Lq * problem.Lk <= kTinyScoreElements) {
+      h.order = {"cuda_math", "cuda"};
+      h.why = "tiny score matrix (Lq*Lk <= " + std::to_string(kTinyScoreElements) +
+              "): cuda_math before the fused kernels";
+    } else {
+      h.order = {"cuda", "cuda_math"};
+      h.why = "fused kernels first, cuda_math as the fallback";
+    }
+  } else {
+    // The tiled cpu backend first; the double-precision reference supports everything and is
+    // the last resort.
+    h.order = {"cpu", "reference"};
+    h.why = "tiled cpu backend first, the reference as the fallback";
+  }
+  // Other backends registered for this device (plug-ins, tests' fakes) come after the built-ins.
+  for (const auto& b : registry_snapshot()) {
+    if (b->device_type() == problem.device.type &&
+        std::find(h.order.begin(), h.order.end(), b->name()) == h.order.end()) {
+      h.order.push_back(b->name());
+    }
+  }
+  return h;
+}
+
+Decision decide(const Problem& problem, Pass pass, const Options& options) {
+  const std::vector<std::shared_ptr<Backend>> registered = registry_snapshot();
+  Decision d;
+  Explanation& ex = d.explanation;
+  ex.problem = problem;
+  ex.pass = pass;
+
+  std::string heuristic_why;
+  if (!options.backends.empty()) {
+    ex.order = options.backends;
+    ex.order_source = "options";
+  } else if (!t_guard_stack.empty()) {
+    ex.order = t_guard_stack.back();
+    ex.order_source = "scoped guard";
+  } else if (std::vector<std::string> env = env_backends(registered); !env.empty()) {
+    ex.order = std::move(env);
+    ex.order_source = "MEMEFF_BACKENDS";
+  } else {
+    HeuristicOrder h = default_order(problem);
+    ex.order = std::move(h.order);
+    heuristic_why = std::move(h.why);
+    ex.order_source = "default";
+  }
+  const bool user = ex.order_source != "default";
+
+  auto lookup = [&](const std::string& name) -> std::shared_ptr<Backend> {
+    for (const auto& b : registered) {
+      if (b->name() == name) return b;
+    }
+    return nullptr;
+  };
+  std::vector<std::string> walked;  // dedup: a name listed twice is walked once
+  std::vector<std::string> skipped;
+  for (const std::string& name : ex.order) {
+    if (std::find(walked.begin(), walked.end(), name) != walked.end()) continue;
+    walked.push_back(name);
+    BackendReport report;
+    report.name = name;
+    if (std::shared_ptr<Backend> backend = lookup(name)) {
+      report.reasons = reasons_for(*backend, problem, pass);
+      if (report.reasons.empty()) d.eligible.push_back(backend);
+    } else {
+      report.reasons = {"not a registered backend of this build"};
+    }
+    report.eligible = report.reasons.empty();
+    if (!report.eligible && d.eligible.empty()) skipped.push_back(name);
+    ex.backends.push_back(std::move(report));
+  }
+  // Registered backends outside the order: reported too, with why they were not walked.
+  for (const auto& backend : registered) {
+    if (std::find(walked.begin(), walked.end(), backend->name()) != walked.end()) continue;
+    BackendReport report;
+    report.name = backend->name();
+    std::vector<std::string> own = reasons_for(*backend, problem, pass);
+    if (user) {
+      report.reasons.push_back("not in the backend list of " + ex.order_source);
+    } else if (own.empty()) {
+      report.reasons.push_back("not in the default order");
+    }
+    report.reasons.insert(report.reasons.end(), own.begin(), own.end());
+    ex.backends.push_back(std::move(report));
+  }
+
+  if (d.eligible.empty()) {
+    ex.reason = "no backend qualifies";
+    return d;
+  }
+  d.backend = d.eligible.front();
+  ex.chosen = d.backend->name();
+  std::string why = user ? "user restriction (" + ex.order_source +
+                               "): first eligible in the "
+                               "given order"
+                         : "first eligible in the default order (" + heuristic_why + ")";
+  if (!skipped.empty()) why += "; skipped " + join(skipped) + " (see their reasons)";
+
+  ex.autotune = autotune_enabled(options);
+  if (ex.autotune) {
+    std::vector<std::string> names;
+    for (const auto& b : d.eligible) names.push_back(b->name());
+    ex.key = tune_key(problem, pass, names);
+    if (d.eligible.size() == 1) {
+      why += "; autotune: only one candidate, nothing to time";
+    } else if (std::optional<TuneEntry> hit = autotune_lookup(ex.key);
+               hit && lookup(hit->backend) &&
+               std::find(names.begin(), names.end(), hit->backend) != names.end()) {
+      d.backend = lookup(hit->backend);
+      ex.chosen = hit->backend;
+      ex.timings = hit->candidates;
+      std::vector<std::string> parts;
+      for (const CandidateTime& c : hit->candidates)
+        parts.push_back(c.backend + " " + format_ms(c.ms));
+      why = "autotune result (remembered): fastest of " + join(parts);
+    } else {
+      d.tune_pending = true;
+      why += "; autotune is on: the first call with this shape times " + join(names) +
+             " and keeps the fastest";
+    }
+  }
+  ex.reason = why;
+  return d;
+}
+
+Decision dispatch(const Problem& problem, Pass pass, const Options& options,
+                  const PassRunner* run) {
+  Decision d = decide(problem, pass, options);
+  if (!d.backend) throw_unsupported(d.explanation);
+  if (d.tune_pending && run) {
+    Explanation& ex = d.explanation;
+    const TuneOutcome outcome = autotune_time(problem, pass, ex.key, d.eligible, options, *run);
+    if (!outcome.entry.backend.empty()) {
+      autotune_record(outcome.entry);
+      for (const auto& b : d.eligible) {
+        if (b->name() == outcome.entry.backend) d.backend = b;
+      }
+      ex.chosen = outcome.entry.backend;
+      ex.timings = outcome.entry.candidates;
+      std::vector<std::string> parts;
+      for (const CandidateTime& c : ex.timings) parts.push_back(c.backend + " " + format_ms(c.ms));
+      ex.reason = "autotune result: fastest of " + join(parts) + " (median of " +
+                  std::to_string(kAutotuneRepeats) + " after " + std::to_string(kAutotuneWarmups) +
+                  " warm-ups)";
+      if (!outcome.failures.empty()) ex.reason += "; failed while timed: " + join(outcome.failures);
+    } else {
+      ex.reason += "; autotune: every candidate failed while timed (" + join(outcome.failures) +
+                   "), keeping the first";
+    }
+    d.tune_pending = false;
+  }
+  log_decision(d.explanation);
+  return d;
 }
 
 Choice choose_backend(const Problem& problem, Pass pass, const Options& options) {
-  const bool user_order = !options.backends.empty();
-  const std::vector<std::string> order = user_order ? options.backends : default_order(problem);
-  std::ostringstream reasons;
-  for (const std::string& name : order) {
-    std::shared_ptr<Backend> backend = find_backend(name);
-    if (!backend) {
-      reasons << "\n  " << name << ": not a backend of this build";
-      continue;
-    }
-    std::vector<std::string> why_not;
-    if (backend->device_type() != problem.device.type) {
-      why_not.push_back(std::string("runs on ") +
-                        (backend->device_type() == DeviceType::cuda ? "cuda" : "cpu") +
-                        ", the tensors are on " + device_name(problem.device));
-    } else {
-      why_not = backend->reasons_unsupported(problem, pass);
-    }
-    if (why_not.empty()) {
-      return {backend, user_order ? "first eligible in the caller's order"
-                                  : "first eligible in the default order"};
-    }
-    reasons << "\n  " << name << ":";
-    for (const std::string& r : why_not) reasons << " " << r << ";";
-  }
-  throw Error(ErrorCode::unsupported,
-              std::string("no backend can run this ") +
-                  (pass == Pass::forward ? "forward" : "backward") + " (" + problem.describe() +
-                  "); tried:" + reasons.str());
+  Decision d = dispatch(problem, pass, options, nullptr);
+  return {d.backend, d.explanation.reason};
 }
 
 }  // namespace detail
+
+std::string Explanation::to_string() const {
+  std::ostringstream os;
+  os << "memeff dispatch for " << pass_name(pass) << ": " << problem.describe() << "\n";
+  os << "order (" << order_source << "): " << join(order) << "\n";
+  std::size_t width = 0;
+  for (const BackendReport& r : backends) width = std::max(width, r.name.size());
+  for (const BackendReport& r : backends) {
+    os << "  " << std::left << std::setw(static_cast<int>(width)) << r.name << "  ";
+    if (r.eligible) {
+      os << "eligible";
+    } else {
+      os << "not eligible: " << join(r.reasons, "; ");
+    }
+    os << "\n";
+  }
+  if (autotune) os << "autotune: on, key " << key << "\n";
+  for (const CandidateTime& t : timings)
+    os << "  timed " << t.backend << ": " << format_ms(t.ms) << "\n";
+  if (chosen.empty()) {
+    os << "chosen: none (no backend qualifies)\n";
+  } else {
+    os << "chosen: " << chosen << " (" << reason << ")\n";
+  }
+  return os.str();
+}
+
+std::string Explanation::to_json() const {
+  using detail::json::Value;
+  Value v = Value::object();
+  v.set("pass", Value::string(pass_name(pass)));
+  v.set("problem", problem_json(problem));
+  Value ord = Value::array();
+  for (const std::string& n : order) ord.push(Value::string(n));
+  v.set("order", std::move(ord));
+  v.set("order_source", Value::string(order_source));
+  Value list = Value::array();
+  for (const BackendReport& r : backends) {
+    Value b = Value::object();
+    b.set("name", Value::string(r.name));
+    b.set("eligible", Value::boolean(r.eligible));
+    Value reasons = Value::array();
+    for (const std::string& s : r.reasons) reasons.push(Value::string(s));
+    b.set("reasons", std::move(reasons));
+    list.push(std::move(b));
+  }
+  v.set("backends", std::move(list));
+  v.set("chosen", chosen.empty() ? Value() : Value::string(chosen));
+  v.set("reason", Value::string(reason));
+  v.set("autotune", Value::boolean(autotune));
+  if (!key.empty()) v.set("key", Value::string(key));
+  Value times = Value::array();
+  for (const CandidateTime& t : timings) {
+    Value tv = Value::object();
+    tv.set("backend", Value::string(t.backend));
+    tv.set("ms", Value::number(t.ms));
+    times.push(std::move(tv));
+  }
+  v.set("timings", std::move(times));
+  return v.dump();
+}
+
+Explanation explain(const AttentionArgs& args, Pass pass, const Options& options) {
+  const Problem problem = validate_inputs(args);
+  return detail::decide(problem, pass, options).explanation;
+}
 
 CallInfo forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse,
                  const Options& options) {
   const Problem problem = validate_forward(args, out, lse);
   CallInfo info;
   info.p_effective = problem.dropout.p_effective;
-  const detail::Choice choice = detail::choose_backend(problem, Pass::forward, options);
-  info.backend = choice.backend->name();
-  if (problem.B * problem.Hq * problem.Lq == 0) return info;  // nothing to compute
-  choice.backend->forward(problem, args, out, lse, options);
+  const bool empty = problem.B * problem.Hq * problem.Lq == 0;
+  // Timing a candidate runs it on the caller's own out and lse; the winner's real call below
+  // overwrites them.
+  const detail::PassRunner run = [&](Backend& backend, const Options& o) {
+    backend.forward(problem, args, out, lse, o);
+  };
+  const detail::Decision d =
+      detail::dispatch(problem, Pass::forward, options, empty || problem.Lk == 0 ? nullptr : &run);
+  info.backend = d.backend->name();
+  if (empty) return info;  // nothing to compute
+  d.backend->forward(problem, args, out, lse, options);
   return info;
 }
 
-CallInfo backward(const AttentionArgs& args, const BackwardTensors& grads,
-                  const Options& options) {
+CallInfo backward(const AttentionArgs& args, const BackwardTensors& grads, const Options& options) {
   const Problem problem = validate_backward(args, grads);
   CallInfo info;
   info.p_effective = problem.dropout.p_effective;
-  const detail::Choice choice = detail::choose_backend(problem, Pass::backward, options);
-  info.backend = choice.backend->name();
-  choice.backend->backward(problem, args, grads, options);
+  // The backward is timed on its own (its key says pass=backward) and writes only dq, dk, dv and
+  // dbias, which the winner's real call overwrites. Since every backend's out and lse are the
+  // same function, the fastest forward and the fastest backward may differ and still pair up.
+  const detail::PassRunner run = [&](Backend& backend, const Options& o) {
+    backend.backward(problem, args, grads, o);
+  };
+  const bool trivial = problem.B * problem.Hq * problem.Lq * problem.Lk == 0;
+  const detail::Decision d =
+      detail::dispatch(problem, Pass::backward, options, trivial ? nullptr : &run);
+  info.backend = d.backend->name();
+  d.backend->backward(problem, args, grads, options);
   return info;
 }
 
 std::size_t workspace_size(const AttentionArgs& args, Pass pass, const Options& options) {
   const Problem problem = validate_inputs(args);
-  return detail::choose_backend(problem, pass, options).backend->workspace_bytes(problem, pass);
+  const detail::Decision d = detail::dispatch(problem, pass, options, nullptr);
+  // With a tune still to come, any candidate may win: ask for the largest of their needs.
+  if (d.tune_pending) {
+    std::size_t bytes = 0;
+    for (const auto& b : d.eligible) bytes = std::max(bytes, b->workspace_bytes(problem, pass));
+    return bytes;
+  }
+  return d.backend->workspace_bytes(problem, pass);
 }
 
 }  // namespace memeff

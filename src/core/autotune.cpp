@@ -1,0 +1,464 @@
+// Autotuning: times the eligible backends once per shape key and remembers the winner in memory
+// and in a versioned JSON cache file shared by processes. The file is only ever replaced whole
+// (temporary file + rename) under an flock, after re-reading and merging what other processes
+// wrote; a corrupt, truncated, foreign or old-version file is ignored with one warning and
+// rewritten, and a location that cannot be read or written degrades to in-memory tuning.
+#include "core/autotune.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "core/json.h"
+#include "memeff/error.h"
+
+#if defined(MEMEFF_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace memeff {
+namespace detail {
+namespace {
+
+constexpr const char* kFormatName = "memeff-autotune";
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// Warnings about one cache path are printed once per process and kind of trouble.
+void warn_once(const std::string& what_key, const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard lock(mutex);
+  if (!warned.insert(what_key).second) return;
+  std::cerr << "memeff: warning: " << message << std::endl;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        std::string model = line.substr(colon + 1);
+        model.erase(0, model.find_first_not_of(" \t"));
+        return model;
+      }
+    }
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The in-memory store, mirroring the file at `path`.
+
+struct Store {
+  std::mutex mutex;
+  bool loaded = false;
+  std::string path;  // the cache path the memory was loaded from
+  std::map<std::string, TuneEntry> entries;
+};
+
+Store& store() {
+  static Store* s = new Store;  // never destroyed: usable from static destructors
+  return *s;
+}
+
+json::Value entry_to_json(const TuneEntry& e) {
+  json::Value v = json::Value::object();
+  v.set("backend", json::Value::string(e.backend));
+  v.set("config", json::Value::string(e.config));
+  v.set("ms", json::Value::number(e.ms));
+  json::Value cands = json::Value::array();
+  for (const CandidateTime& c : e.candidates) {
+    json::Value cv = json::Value::object();
+    cv.set("backend", json::Value::string(c.backend));
+    cv.set("ms", json::Value::number(c.ms));
+    cands.push(std::move(cv));
+  }
+  v.set("candidates", std::move(cands));
+  return v;
+}
+
+// Parses one entry; false when any field is missing or of the wrong kind.
+bool entry_from_json(const std::string& key, const json::Value& v, TuneEntry& e) {
+  const json::Value* backend = v.find("backend");
+  const json::Value* config = v.find("config");
+  const json::Value* ms = v.find("ms");
+  const json::Value* cands = v.find("candidates");
+  if (!backend || !backend->is_string() || backend->as_string().empty()) return false;
+  if (!config || !config->is_string() || !ms || !ms->is_number() || !(ms->as_number() >= 0.0)) {
+    return false;
+  }
+  if (!cands || !cands->is_array()) return false;
+  e.key = key;
+  e.backend = backend->as_string();
+  e.config = config->as_string();
+  e.ms = ms->as_number();
+  e.candidates.clear();
+  for (const json::Value& c : cands->items()) {
+    const json::Value* cb = c.find("backend");
+    const json::Value* cm = c.find("ms");
+    if (!cb || !cb->is_string() || !cm || !cm->is_number()) return false;
+    e.candidates.push_back({cb->as_string(), cm->as_number()});
+  }
+  return true;
+}
+
+enum class ReadStatus { ok, missing, unusable };
+
+// Reads the cache file. `ok` fills `entries`; `missing` means no file; `unusable` warns once
+// (corrupt, truncated, foreign, other version, unreadable) and yields nothing.
+ReadStatus read_cache_file(const std::string& path, std::map<std::string, TuneEntry>& entries) {
+  entries.clear();
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) return ReadStatus::missing;
+  auto unusable = [&](const std::string& why) {
+    warn_once("read:" + path + ":" + why,
+              "ignoring the autotune cache " + path + " (" + why + "); it will be rewritten");
+    entries.clear();
+    return ReadStatus::unusable;
+  };
+  if (!std::filesystem::is_regular_file(status)) return unusable("not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return unusable(std::string("cannot be read: ") + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return unusable("read error");
+  std::string error;
+  const std::optional<json::Value> doc = json::parse(text.str(), &error);
+  if (!doc) return unusable("not valid JSON: " + error);
+  const json::Value* format = doc->find("format");
+  if (!format || !format->is_string() || format->as_string() != kFormatName) {
+    return unusable("not a memeff autotune file");
+  }
+  const json::Value* fv = doc->find("format_version");
+  if (!fv || !fv->is_number() || fv->as_number() != kAutotuneFormatVersion) {
+    return unusable("format version is not " + std::to_string(kAutotuneFormatVersion));
+  }
+  const json::Value* lib = doc->find("library_version");
+  if (!lib || !lib->is_string() || lib->as_string() != version()) {
+    return unusable("written by memeff " + (lib && lib->is_string() ? lib->as_string() : "?") +
+                    ", this is " + version());
+  }
+  const json::Value* list = doc->find("entries");
+  if (!list || !list->is_object()) return unusable("no entries object");
+  for (const auto& [key, value] : list->members()) {
+    TuneEntry e;
+    if (!entry_from_json(key, value, e)) return unusable("malformed entry " + json::quote(key));
+    entries[key] = std::move(e);
+  }
+  return ReadStatus::ok;
+}
+
+std::string cache_document(const std::map<std::string, TuneEntry>& entries) {
+  json::Value doc = json::Value::object();
+  doc.set("format", json::Value::string(kFormatName));
+  doc.set("format_version", json::Value::number(kAutotuneFormatVersion));
+  doc.set("library_version", json::Value::string(version()));
+  json::Value list = json::Value::object();
+  for (const auto& [key, e] : entries) list.set(key, entry_to_json(e));
+  doc.set("entries", std::move(list));
+  return doc.dump() + "\n";
+}
+
+// Loads the file into memory once per path (caller holds the store's mutex).
+void ensure_loaded(Store& s) {
+  const std::string path = autotune_cache_path();
+  if (s.loaded && s.path == path) return;
+  s.entries.clear();
+  s.path = path;
+  s.loaded = true;
+  std::map<std::string, TuneEntry> from_file;
+  if (read_cache_file(path, from_file) == ReadStatus::ok) s.entries = std::move(from_file);
+}
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool write_all(int fd, const std::string& data) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Merges memory into the file: lock, re-read, merge (memory wins on equal keys), write a
+// temporary file in the same directory, rename over the cache. Any failure warns once and leaves
+// the decisions in memory. Caller holds the store's mutex.
+void persist(Store& s) {
+  const std::string& path = s.path;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  auto degrade = [&](const std::string& what) {
+    warn_once("write:" + path, "cannot write the autotune cache " + path + " (" + what +
+                                   "); autotune results stay in memory for this process");
+  };
+  std::error_code ec;
+  if (!dir.empty()) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return degrade("creating " + dir.string() + ": " + ec.message());
+  }
+  Fd lock;
+  lock.fd = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock.fd < 0) return degrade(std::string("lock file: ") + std::strerror(errno));
+  while (::flock(lock.fd, LOCK_EX) != 0) {
+    if (errno != EINTR) return degrade(std::string("flock: ") + std::strerror(errno));
+  }
+  std::map<std::string, TuneEntry> merged;
+  read_cache_file(path, merged);  // empty unless valid; a bad file warned once
+  for (const auto& [key, e] : s.entries) merged[key] = e;
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  {
+    Fd out;
+    out.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out.fd < 0) return degrade(std::string("temporary file: ") + std::strerror(errno));
+    if (!write_all(out.fd, cache_document(merged)) || ::fsync(out.fd) != 0) {
+      const std::string why = std::strerror(errno);
+      ::unlink(tmp.c_str());
+      return degrade("writing " + tmp + ": " + why);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return degrade("renaming " + tmp + ": " + why);
+  }
+  // What other processes tuned meanwhile is now known here too.
+  for (auto& [key, e] : merged) s.entries.emplace(key, e);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing.
+
+#if defined(MEMEFF_WITH_CUDA)
+void cuda_check(cudaError_t err, const char* call) {
+  if (err != cudaSuccess) {
+    throw Error(ErrorCode::cuda_error,
+                std::string(call) + " failed while autotuning: " + cudaGetErrorString(err));
+  }
+}
+
+// Times one run with CUDA events recorded on the call's stream.
+class CudaTimer {
+ public:
+  CudaTimer(int device, void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~CudaTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaSetDevice(previous_);
+  }
+  CudaTimer(const CudaTimer&) = delete;
+  CudaTimer& operator=(const CudaTimer&) = delete;
+
+  double time_ms(const std::function<void()>& fn) {
+    cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+    fn();
+    cuda_check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return static_cast<double>(ms);
+  }
+
+ private:
+  cudaStream_t stream_;
+  int previous_ = 0;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+#endif
+
+double host_time_ms(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::string device_label(Device device) {
+  if (device.type == DeviceType::cpu) {
+    static const std::string label = "cpu " + cpu_model();
+    return label;
+  }
+#if defined(MEMEFF_WITH_CUDA)
+  static std::mutex mutex;
+  static std::map<int, std::string> labels;
+  std::lock_guard lock(mutex);
+  auto it = labels.find(device.index);
+  if (it != labels.end()) return it->second;
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device.index);
+  if (err != cudaSuccess) return "cuda:" + std::to_string(device.index) + " (unknown GPU)";
+  std::string label =
+      std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  labels[device.index] = label;
+  return label;
+#else
+  return "cuda:" + std::to_string(device.index) + " (CUDA not built)";
+#endif
+}
+
+std::string tune_key(const Problem& p, Pass pass, const std::vector<std::string>& candidates) {
+  std::vector<std::string> names = candidates;
+  std::sort(names.begin(), names.end());
+  std::ostringstream os;
+  os << device_label(p.device) << "|" << dtype_name(p.dtype) << "|bh=" << p.B * p.Hq
+     << "|lq=" << p.Lq << "|lk=" << p.Lk << "|d=" << p.D << "|dv=" << p.Dv
+     << "|causal=" << causal_mode_name(p.causal) << "|dropout=" << (p.has_dropout() ? "on" : "off")
+     << "|bias=" << p.bias_pattern();
+  if (p.has_bias) os << ":" << dtype_name(p.bias_dtype);
+  os << "|gqa=" << p.group_size() << "|pass=" << (pass == Pass::forward ? "forward" : "backward")
+     << "|candidates=";
+  for (std::size_t i = 0; i < names.size(); ++i) os << (i ? "," : "") << names[i];
+  return os.str();
+}
+
+std::optional<TuneEntry> autotune_lookup(const std::string& key) {
+  Store& s = store();
+  std::lock_guard lock(s.mutex);
+  ensure_loaded(s);
+  auto it = s.entries.find(key);
+  if (it == s.entries.end()) return std::nullopt;
+  return it->second;
+}
+
+void autotune_record(const TuneEntry& entry) {
+  Store& s = store();
+  std::lock_guard lock(s.mutex);
+  ensure_loaded(s);
+  s.entries[entry.key] = entry;
+  persist(s);
+}
+
+TuneOutcome autotune_time(const Problem& problem, Pass pass, const std::string& key,
+                          const std::vector<std::shared_ptr<Backend>>& candidates,
+                          const Options& options, const PassRunner& run) {
+  TuneOutcome outcome;
+  outcome.entry.key = key;
+  std::vector<CandidateTime> times;
+  double best = -1.0;
+  for (const std::shared_ptr<Backend>& backend : candidates) {
+    // A candidate gets the caller's workspace only when it is large enough; otherwise it
+    // allocates its own (on the stream), as a call without workspace would.
+    Options o = options;
+    o.autotune = false;
+    if (o.workspace && o.workspace_bytes < backend->workspace_bytes(problem, pass)) {
+      o.workspace = nullptr;
+      o.workspace_bytes = 0;
+    }
+    try {
+      std::function<double(const std::function<void()>&)> timer = host_time_ms;
+#if defined(MEMEFF_WITH_CUDA)
+      std::unique_ptr<CudaTimer> cuda_timer;
+      if (problem.device.type == DeviceType::cuda) {
+        cuda_timer = std::make_unique<CudaTimer>(problem.device.index, options.stream);
+        timer = [&](const std::function<void()>& fn) { return cuda_timer->time_ms(fn); };
+      }
+#endif
+      auto once = [&] { run(*backend, o); };
+      double warm = 0.0;
+      for (int w = 0; w < kAutotuneWarmups; ++w) warm = timer(once);
+      double ms = warm;
+      if (!(best >= 0.0 && warm > kAutotunePruneFactor * best)) {
+        std::vector<double> samples;
+        for (int r = 0; r < kAutotuneRepeats; ++r) samples.push_back(timer(once));
+        ms = median(samples);
+      }
+      times.push_back({backend->name(), ms});
+      if (best < 0.0 || ms < best) best = ms;
+    } catch (const Error& e) {
+      outcome.failures.push_back(backend->name() + ": " + e.what());
+    }
+  }
+  std::stable_sort(times.begin(), times.end(),
+                   [](const CandidateTime& a, const CandidateTime& b) { return a.ms < b.ms; });
+  if (!times.empty()) {
+    outcome.entry.backend = times.front().backend;
+    outcome.entry.ms = times.front().ms;
+  }
+  outcome.entry.candidates = std::move(times);
+  return outcome;
+}
+
+}  // namespace detail
+
+std::string autotune_cache_path() {
+  const std::string dir = detail::env_or_empty("MEMEFF_CACHE_DIR");
+  if (!dir.empty()) return (std::filesystem::path(dir) / "autotune.json").string();
+  const std::string xdg = detail::env_or_empty("XDG_CACHE_HOME");
+  if (!xdg.empty()) return (std::filesystem::path(xdg) / "memeff" / "autotune.json").string();
+  const std::string home = detail::env_or_empty("HOME");
+  if (!home.empty()) {
+    return (std::filesystem::path(home) / ".cache" / "memeff" / "autotune.json").string();
+  }
+  return (std::filesystem::temp_directory_path() / "memeff" / "autotune.json").string();
+}
+
+std::vector<TuneEntry> autotune_entries() {
+  detail::Store& s = detail::store();
+  std::lock_guard lock(s.mutex);
+  detail::ensure_loaded(s);
+  std::vector<TuneEntry> out;
+  for (const auto& [key, e] : s.entries) out.push_back(e);
+  return out;
+}
+
+void autotune_reset_memory() {
+  detail::Store& s = detail::store();
+  std::lock_guard lock(s.mutex);
+  s.entries.clear();
+  s.loaded = false;
+}
+
+bool autotune_enabled(const Options& options) {
+  if (options.autotune) return *options.autotune;
+  std::string v = detail::env_or_empty("MEMEFF_AUTOTUNE");
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  return v == "1" || v == "true" || v == "on" || v == "yes";
+}
+
+}  // namespace memeff

@@ -1,0 +1,372 @@
+// Dispatch as a specification: which backend runs for a table of argument sets, why the others
+// do not, how the user's order (options > scoped guard > MEMEFF_BACKENDS > default) is obeyed,
+// the error that lists every backend's reasons, explain()'s text and JSON, and the dispatch log.
+#include "core/dispatch.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/host_tensor.h"
+#include "core/json.h"
+#include "memeff/attention.h"
+#include "memeff/backend.h"
+#include "memeff/dispatch.h"
+#include "memeff/error.h"
+
+namespace memeff {
+namespace {
+
+using test::HostTensor;
+using Reasons = std::function<std::vector<std::string>(const Problem&, Pass)>;
+
+// A backend that refuses by a rule and counts its calls; it computes nothing.
+class FakeBackend final : public Backend {
+ public:
+  FakeBackend(std::string name, DeviceType device, Reasons reasons, std::size_t workspace = 0)
+      : name_(std::move(name)),
+        device_(device),
+        reasons_(std::move(reasons)),
+        workspace_(workspace) {}
+  std::string name() const override { return name_; }
+  DeviceType device_type() const override { return device_; }
+  std::vector<std::string> reasons_unsupported(const Problem& p, Pass pass) const override {
+    return reasons_ ? reasons_(p, pass) : std::vector<std::string>{};
+  }
+  std::size_t workspace_bytes(const Problem&, Pass) const override { return workspace_; }
+  void forward(const Problem&, const AttentionArgs&, const TensorView&, const TensorView&,
+               const Options&) override {
+    ++forward_calls;
+  }
+  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
+                const Options&) override {
+    ++backward_calls;
+  }
+  std::atomic<int> forward_calls{0}, backward_calls{0};
+
+ private:
+  std::string name_;
+  DeviceType device_;
+  Reasons reasons_;
+  std::size_t workspace_;
+};
+
+// Registers fakes for one test and removes them afterwards.
+class DispatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("MEMEFF_BACKENDS");
+    unsetenv("MEMEFF_AUTOTUNE");
+    unsetenv("MEMEFF_LOG_DISPATCH");
+    small_d = add(
+        "fake_small_d", DeviceType::cpu,
+        [](const Problem& p, Pass) {
+          std::vector<std::string> r;
+          if (p.D > 16) r.push_back("head dim D=" + std::to_string(p.D) + " > 16");
+          return r;
+        },
+        1234);
+    no_dropout = add(
+        "fake_no_dropout", DeviceType::cpu,
+        [](const Problem& p, Pass pass) {
+          std::vector<std::string> r;
+          if (p.has_dropout()) r.push_back("dropout is not supported");
+          if (pass == Pass::backward && p.has_bias) r.push_back("no dbias in the backward");
+          return r;
+        },
+        99);
+    gpu = add("fake_gpu", DeviceType::cuda, nullptr);
+  }
+  void TearDown() override {
+    for (const std::string& n : added) unregister_backend(n);
+    unsetenv("MEMEFF_BACKENDS");
+    unsetenv("MEMEFF_LOG_DISPATCH");
+  }
+  std::shared_ptr<FakeBackend> add(const std::string& name, DeviceType device, Reasons reasons,
+                                   std::size_t workspace = 0) {
+    auto b = std::make_shared<FakeBackend>(name, device, std::move(reasons), workspace);
+    register_backend(b);
+    added.push_back(name);
+    return b;
+  }
+
+  std::shared_ptr<FakeBackend> small_d, no_dropout, gpu;
+  std::vector<std::string> added;
+};
+
+struct Call {
+  HostTensor q, k, v, out, lse, bias;
+  double dropout = 0.0;
+  bool with_bias = false;
+  Call(std::int64_t D, std::int64_t Lq = 4, double p = 0.0, bool b = false)
+      : q(DType::f32, {1, 2, Lq, D}),
+        k(DType::f32, {1, 2, 5, D}),
+        v(DType::f32, {1, 2, 5, 8}),
+        out(DType::f32, {1, 2, Lq, 8}),
+        lse(DType::f32, {1, 2, Lq}),
+        bias(DType::f32, {1, 1, 1, 5}),
+        dropout(p),
+        with_bias(b) {}
+  AttentionArgs args() const {
+    AttentionArgs a;
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    a.dropout_p = dropout;
+    if (with_bias) a.bias = bias.view;
+    return a;
+  }
+};
+
+const BackendReport* report_of(const Explanation& ex, const std::string& name) {
+  for (const BackendReport& r : ex.backends) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+Options only(std::vector<std::string> names) {
+  Options o;
+  o.backends = std::move(names);
+  return o;
+}
+
+TEST_F(DispatchTest, ChoicesAndReasonsForATableOfArgumentSets) {
+  const std::vector<std::string> order = {"fake_gpu", "fake_small_d", "fake_no_dropout"};
+  struct Row {
+    std::int64_t D;
+    double p;
+    bool bias;
+    Pass pass;
+    const char* chosen;  // "" when none qualifies
+  } rows[] = {
+      {8, 0.0, false, Pass::forward, "fake_small_d"},
+      {32, 0.0, false, Pass::forward, "fake_no_dropout"},
+      {8, 0.1, false, Pass::forward, "fake_small_d"},
+      {32, 0.1, false, Pass::forward, ""},
+      {32, 0.0, true, Pass::forward, "fake_no_dropout"},
+      {32, 0.0, true, Pass::backward, ""},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE("D=" + std::to_string(row.D) + " p=" + std::to_string(row.p) +
+                 " bias=" + std::to_string(row.bias));
+    Call c(row.D, 4, row.p, row.bias);
+    const Explanation ex = explain(c.args(), row.pass, only(order));
+    EXPECT_EQ(ex.chosen, row.chosen);
+    EXPECT_EQ(ex.order, order);
+    EXPECT_EQ(ex.order_source, "options");
+    const BackendReport* g = report_of(ex, "fake_gpu");
+    ASSERT_NE(g, nullptr);
+    EXPECT_FALSE(g->eligible);
+    ASSERT_EQ(g->reasons.size(), 1u);
+    EXPECT_TRUE(contains(g->reasons[0], "runs on cuda, the tensors are on cpu")) << g->reasons[0];
+    const BackendReport* s = report_of(ex, "fake_small_d");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->eligible, row.D <= 16);
+    if (row.D > 16) {
+      EXPECT_EQ(s->reasons, std::vector<std::string>{"head dim D=32 > 16"});
+    }
+    const BackendReport* n = report_of(ex, "fake_no_dropout");
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(n->eligible, row.p == 0.0 && !(row.bias && row.pass == Pass::backward));
+    if (*row.chosen) {
+      EXPECT_TRUE(contains(ex.reason, "user restriction (options)")) << ex.reason;
+    } else {
+      EXPECT_EQ(ex.reason, "no backend qualifies");
+    }
+  }
+}
+
+TEST_F(DispatchTest, ForwardRunsTheChosenBackendAndReportsIt) {
+  Call c(32);
+  const CallInfo info =
+      forward(c.args(), c.out.view, c.lse.view, only({"fake_small_d", "fake_no_dropout"}));
+  EXPECT_EQ(info.backend, "fake_no_dropout");
+  EXPECT_EQ(no_dropout->forward_calls, 1);
+  EXPECT_EQ(small_d->forward_calls, 0);
+  EXPECT_EQ(workspace_size(c.args(), Pass::forward, only({"fake_small_d", "fake_no_dropout"})),
+            99u);
+  Call c8(8);
+  EXPECT_EQ(workspace_size(c8.args(), Pass::forward, only({"fake_small_d", "fake_no_dropout"})),
+            1234u);
+}
+
+TEST_F(DispatchTest, TheErrorListsEveryBackendWithItsReasons) {
+  Call c(32, 4, 0.1);
+  try {
+    forward(c.args(), c.out.view, c.lse.view, only({"fake_small_d", "fake_no_dropout", "nope"}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_TRUE(contains(m, "fake_small_d: head dim D=32 > 16")) << m;
+    EXPECT_TRUE(contains(m, "fake_no_dropout: dropout is not supported")) << m;
+    EXPECT_TRUE(contains(m, "nope: not a registered backend of this build")) << m;
+    EXPECT_TRUE(contains(m, "fake_gpu: not in the backend list of options; runs on cuda")) << m;
+    EXPECT_TRUE(contains(m, "reference: not in the backend list of options")) << m;
+    EXPECT_TRUE(contains(m, "D=32")) << m;
+  }
+  EXPECT_EQ(small_d->forward_calls + no_dropout->forward_calls, 0);
+}
+
+TEST_F(DispatchTest, DefaultOrderIsTheDeviceHeuristicThenOtherBackendsOfTheDevice) {
+  Call c(8);
+  const Explanation ex = explain(c.args(), Pass::forward);
+  EXPECT_EQ(ex.order_source, "default");
+  ASSERT_GE(ex.order.size(), 4u);
+  EXPECT_EQ(ex.order[0], "cpu");
+  EXPECT_EQ(ex.order[1], "reference");
+  EXPECT_NE(std::find(ex.order.begin(), ex.order.end(), "fake_small_d"), ex.order.end());
+  EXPECT_EQ(std::find(ex.order.begin(), ex.order.end(), "fake_gpu"), ex.order.end());
+  // The choice is the first eligible name of the order.
+  std::string first;
+  for (const std::string& n : ex.order) {
+    const BackendReport* r = report_of(ex, n);
+    if (r && r->eligible) {
+      first = n;
+      break;
+    }
+  }
+  EXPECT_EQ(ex.chosen, first);
+  EXPECT_TRUE(contains(ex.reason, "first eligible in the default order")) << ex.reason;
+  EXPECT_TRUE(report_of(ex, "fake_gpu") && !report_of(ex, "fake_gpu")->eligible);
+}
+
+TEST_F(DispatchTest, CudaHeuristicPutsTheFusedKernelFirstExceptForTinyScoreMatrices) {
+  Problem p;
+  p.device = Device::cuda(0);
+  p.B = 2, p.Hq = p.Hkv = 8, p.D = p.Dv = 64;
+  p.Lq = p.Lk = 512;
+  detail::HeuristicOrder big = detail::default_order(p);
+  ASSERT_GE(big.order.size(), 2u);
+  EXPECT_EQ(big.order[0], "cuda");
+  EXPECT_EQ(big.order[1], "cuda_math");
+  EXPECT_NE(std::find(big.order.begin(), big.order.end(), "fake_gpu"), big.order.end());
+  EXPECT_EQ(std::find(big.order.begin(), big.order.end(), "fake_small_d"), big.order.end());
+  p.Lq = p.Lk = 16;
+  detail::HeuristicOrder tiny = detail::default_order(p);
+  EXPECT_EQ(tiny.order[0], "cuda_math");
+  EXPECT_EQ(tiny.order[1], "cuda");
+  EXPECT_TRUE(contains(tiny.why, "tiny")) << tiny.why;
+}
+
+TEST_F(DispatchTest, ScopedGuardsNestAndOptionsStillWin) {
+  Call c(8);
+  EXPECT_EQ(explain(c.args(), Pass::forward).order_source, "default");
+  {
+    ScopedBackends outer({"fake_no_dropout"});
+    Explanation ex = explain(c.args(), Pass::forward);
+    EXPECT_EQ(ex.order_source, "scoped guard");
+    EXPECT_EQ(ex.chosen, "fake_no_dropout");
+    {
+      ScopedBackends inner({"fake_small_d", "fake_no_dropout"});
+      ex = explain(c.args(), Pass::forward);
+      EXPECT_EQ(ex.chosen, "fake_small_d");
+      EXPECT_EQ(ex.order, (std::vector<std::string>{"fake_small_d", "fake_no_dropout"}));
+      // Options on the call beat the innermost guard.
+      EXPECT_EQ(explain(c.args(), Pass::forward, only({"fake_no_dropout"})).chosen,
+                "fake_no_dropout");
+      EXPECT_EQ(forward(c.args(), c.out.view, c.lse.view).backend, "fake_small_d");
+    }
+    EXPECT_EQ(explain(c.args(), Pass::forward).chosen, "fake_no_dropout");
+    // Guards are per thread: another thread sees the default order.
+    std::string other;
+    std::thread t([&] { other = explain(c.args(), Pass::forward).order_source; });
+    t.join();
+    EXPECT_EQ(other, "default");
+  }
+  EXPECT_EQ(explain(c.args(), Pass::forward).order_source, "default");
+  EXPECT_THROW(ScopedBackends({}), Error);
+}
+
+TEST_F(DispatchTest, EnvironmentOrderAndItsErrorForUnknownNames) {
+  Call c(8);
+  setenv("MEMEFF_BACKENDS", " fake_no_dropout , fake_small_d", 1);
+  Explanation ex = explain(c.args(), Pass::forward);
+  EXPECT_EQ(ex.order_source, "MEMEFF_BACKENDS");
+  EXPECT_EQ(ex.order, (std::vector<std::string>{"fake_no_dropout", "fake_small_d"}));
+  EXPECT_EQ(ex.chosen, "fake_no_dropout");
+  {
+    ScopedBackends guard({"fake_small_d"});
+    EXPECT_EQ(explain(c.args(), Pass::forward).chosen, "fake_small_d");  // guard beats env
+  }
+  setenv("MEMEFF_BACKENDS", "fake_small_d,not_a_backend", 1);
+  try {
+    forward(c.args(), c.out.view, c.lse.view);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_TRUE(contains(e.what(), "MEMEFF_BACKENDS")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "\"not_a_backend\" is not a registered backend")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "reference")) << e.what();
+  }
+  EXPECT_EQ(small_d->forward_calls, 0);
+  setenv("MEMEFF_BACKENDS", "", 1);  // blank: as if unset
+  EXPECT_EQ(explain(c.args(), Pass::forward).order_source, "default");
+}
+
+TEST_F(DispatchTest, ExplanationTextAndJson) {
+  Call c(32);
+  const Explanation ex =
+      explain(c.args(), Pass::backward, only({"fake_small_d", "fake_no_dropout"}));
+  const std::string text = ex.to_string();
+  EXPECT_TRUE(contains(text, "backward")) << text;
+  EXPECT_TRUE(contains(text, "order (options): fake_small_d, fake_no_dropout")) << text;
+  EXPECT_TRUE(contains(text, "not eligible: head dim D=32 > 16")) << text;
+  EXPECT_TRUE(contains(text, "chosen: fake_no_dropout (user restriction (options)")) << text;
+  std::string error;
+  const auto doc = detail::json::parse(ex.to_json(), &error);
+  ASSERT_TRUE(doc) << error << "\n" << ex.to_json();
+  EXPECT_EQ(doc->find("chosen")->as_string(), "fake_no_dropout");
+  EXPECT_EQ(doc->find("pass")->as_string(), "backward");
+  EXPECT_EQ(doc->find("order_source")->as_string(), "options");
+  EXPECT_EQ(doc->find("problem")->find("D")->as_number(), 32.0);
+  bool saw_small_d = false;
+  for (const auto& b : doc->find("backends")->items()) {
+    if (b.find("name")->as_string() != "fake_small_d") continue;
+    saw_small_d = true;
+    EXPECT_FALSE(b.find("eligible")->as_bool());
+    EXPECT_EQ(b.find("reasons")->items().at(0).as_string(), "head dim D=32 > 16");
+  }
+  EXPECT_TRUE(saw_small_d);
+  // No backend: chosen is null in JSON and "none" in text.
+  Call bad(32, 4, 0.1);
+  const Explanation none = explain(bad.args(), Pass::forward, only({"fake_small_d"}));
+  EXPECT_TRUE(none.chosen.empty());
+  EXPECT_TRUE(detail::json::parse(none.to_json())->find("chosen")->is_null());
+  EXPECT_TRUE(contains(none.to_string(), "chosen: none")) << none.to_string();
+}
+
+TEST_F(DispatchTest, LogDispatchPrintsEachDecisionOncePerShape) {
+  setenv("MEMEFF_LOG_DISPATCH", "1", 1);
+  Call a(8, 3), b(8, 7);
+  ::testing::internal::CaptureStderr();
+  forward(a.args(), a.out.view, a.lse.view, only({"fake_no_dropout"}));
+  forward(a.args(), a.out.view, a.lse.view, only({"fake_no_dropout"}));
+  forward(b.args(), b.out.view, b.lse.view, only({"fake_no_dropout"}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  std::size_t lines = 0;
+  for (std::size_t at = err.find("memeff: dispatch"); at != std::string::npos;
+       at = err.find("memeff: dispatch", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2u) << err;
+  EXPECT_TRUE(contains(err, "Lq=3")) << err;
+  EXPECT_TRUE(contains(err, "Lq=7")) << err;
+  EXPECT_TRUE(contains(err, "-> fake_no_dropout")) << err;
+  EXPECT_EQ(no_dropout->forward_calls, 3);
+}
+
+}  // namespace
+}  // namespace memeff
