@@ -1,9 +1,5 @@
-// The memeff command-line program (being written; see tools/README once it lands).
-#include <cstdio>
+// Entry point of the memeff program; everything else lives in the memeff_cli_lib library
+// (tools/cli_*.cpp) so the tests can link the same code.
+#include "cli_commands.h"
 
-#include "memeff/attention.h"
-
-int main() {
-  std::printf("memeff %s\n", memeff::version());
-  return 0;
-}
+int main(int argc, char** argv) { return memeff::cli::main_program(argc, argv); }

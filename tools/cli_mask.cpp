@@ -1,0 +1,211 @@
+// `memeff mask`: writes the dropout mask of a shape, or a window of it, as the kernels draw it
+// (memeff::dropout_mask, the one map every backend uses). The mask is produced in chunks of
+// rows, so any size streams in bounded memory. Formats: 0/1 text rows, packed bits, or .npy.
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "cli_commands.h"
+#include "memeff/dropout.h"
+#include "memeff/error.h"
+
+namespace memeff::cli {
+
+namespace {
+
+struct MaskConfig {
+  std::int64_t B = 2, H = 8, Lq = 512;
+  std::optional<std::int64_t> Lk;
+  double dropout = 0.1;
+  std::uint64_t seed = 0, offset = 0;
+  std::optional<IndexRange> b, h, rows, cols;
+  std::string format = "text";
+  std::string out = "-";
+  bool header = true;
+};
+
+// Elements per chunk: 16 Mi keeps the buffer at 16 MiB whatever the window.
+constexpr std::int64_t kChunkElements = std::int64_t{1} << 24;
+
+class Output {
+ public:
+  explicit Output(const std::string& path) : path_(path) {
+    if (path == "-") {
+      file_ = stdout;
+    } else {
+      file_ = std::fopen(path.c_str(), "wb");
+      if (file_ == nullptr) {
+        throw Error(ErrorCode::io_error, "--out: cannot open `" + path + "` for writing: " + std::strerror(errno));
+      }
+    }
+  }
+  ~Output() {
+    if (file_ != nullptr && file_ != stdout) std::fclose(file_);
+  }
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+  void write(const void* data, std::size_t bytes) {
+    if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail();
+  }
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  void close() {
+    if (std::fflush(file_) != 0) fail();
+    if (file_ != stdout) {
+      const int rc = std::fclose(file_);
+      file_ = nullptr;
+      if (rc != 0) fail();
+    }
+  }
+
+ private:
+  [[noreturn]] void fail() {
+    throw Error(ErrorCode::io_error, "--out: writing `" + path_ + "` failed: " + std::strerror(errno));
+  }
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+IndexRange resolve(const std::optional<IndexRange>& r, std::int64_t size, const char* flag, const char* dim) {
+  if (!r) return {0, size};
+  if (r->end > size) {
+    throw UsageError(std::string(flag) + ": range " + std::to_string(r->begin) + ":" + std::to_string(r->end) +
+                     " exceeds " + dim + " = " + std::to_string(size));
+  }
+  return *r;
+}
+
+// The .npy v1.0 header of a C-order uint8 array.
+std::string npy_header(const std::vector<std::int64_t>& dims) {
+  std::string shape = "(";
+  for (std::int64_t d : dims) shape += std::to_string(d) + ", ";
+  shape += ")";
+  std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': " + shape + ", }";
+  const std::size_t unpadded = 10 + dict.size() + 1;  // magic(6) version(2) len(2) dict '\n'
+  dict.append((64 - unpadded % 64) % 64, ' ');
+  dict += '\n';
+  std::string h = "\x93NUMPY";
+  h += '\x01';
+  h += '\x00';
+  h += static_cast<char>(dict.size() & 0xFF);
+  h += static_cast<char>((dict.size() >> 8) & 0xFF);
+  return h + dict;
+}
+
+}  // namespace
+
+int mask_command(const std::vector<std::string>& argv) {
+  MaskConfig mc;
+  FlagParser p("memeff mask",
+               "Writes the dropout keep mask (1 = kept, 0 = dropped) of attention with these sizes and RNG\n"
+               "state: exactly the mask every memeff backend applies, in forward and backward. Elements are\n"
+               "(batch b, query head h, query row i, key column j); the mask of head h of batch b is keyed\n"
+               "by b*heads + h (docs/dropout.md). Streams in chunks, so any size works.");
+  auto int_flag = [&p](const char* name, std::int64_t* target, std::int64_t min_value, const char* help) {
+    p.add({name, "N", help, [=](const std::string& v) { *target = parse_int(name, v, min_value); }});
+  };
+  int_flag("--batch", &mc.B, 0, "batch size B (default 2)");
+  int_flag("--heads", &mc.H, 1, "query heads Hq of the call (default 8)");
+  int_flag("--lq", &mc.Lq, 0, "query length (default 512)");
+  p.add({"--lk", "N", "key length (default Lq)", [&mc](const std::string& v) { mc.Lk = parse_int("--lk", v, 0); }});
+  p.add({"--dropout", "P", "dropout probability in [0, 1) (default 0.1)",
+         [&mc](const std::string& v) { mc.dropout = parse_probability("--dropout", v); }});
+  p.add({"--seed", "S", "seed (default 0)", [&mc](const std::string& v) { mc.seed = parse_u64("--seed", v); }});
+  p.add({"--offset", "O", "offset (default 0)", [&mc](const std::string& v) { mc.offset = parse_u64("--offset", v); }});
+  p.add({"--b", "A:B", "batches of the window (N or A:B, half-open; default all)",
+         [&mc](const std::string& v) { mc.b = parse_range("--b", v); }});
+  p.add({"--h", "A:B", "heads of the window (default all)", [&mc](const std::string& v) { mc.h = parse_range("--h", v); }});
+  p.add({"--rows", "A:B", "query rows of the window (default all)",
+         [&mc](const std::string& v) { mc.rows = parse_range("--rows", v); }});
+  p.add({"--cols", "A:B", "key columns of the window (default all)",
+         [&mc](const std::string& v) { mc.cols = parse_range("--cols", v); }});
+  p.add({"--format", "F",
+         "text (default): one line of 0/1 per row, a '#' line before each head;\n"
+         "bits: raw little-endian uint64 words, ceil(cols/64) per row, bit c%64 of word c/64 = column c;\n"
+         "npy: a NumPy uint8 array [batches, heads, rows, cols]",
+         [&mc](const std::string& v) {
+           if (v != "text" && v != "bits" && v != "npy") {
+             throw UsageError("--format: expected text, bits or npy, got `" + v + "`");
+           }
+           mc.format = v;
+         }});
+  p.add({"--out", "FILE", "output file (default - : stdout)", [&mc](const std::string& v) { mc.out = v; }});
+  p.add({"--no-header", "", "text format: no '#' lines", [&mc](const std::string&) { mc.header = false; }});
+  p.add_section(
+      "example: memeff mask --lq 4 --lk 64 --batch 1 --heads 1 --dropout 0.5 --seed 7\n"
+      "         memeff mask --batch 8 --heads 16 --lq 2048 --b 3 --h 5 --rows 100:102 --format npy --out m.npy");
+  p.parse(argv);
+
+  const std::int64_t Lk = mc.Lk.value_or(mc.Lq);
+  const IndexRange b = resolve(mc.b, mc.B, "--b", "--batch"), h = resolve(mc.h, mc.H, "--h", "--heads"),
+                   rows = resolve(mc.rows, mc.Lq, "--rows", "--lq"), cols = resolve(mc.cols, Lk, "--cols", "--lk");
+  const DropoutThreshold dt = dropout_threshold(mc.dropout);
+
+  Output out(mc.out);
+  if (mc.format == "npy") out.write(npy_header({b.size(), h.size(), rows.size(), cols.size()}));
+  if (mc.format == "text" && mc.header) {
+    char probabilities[80];
+    std::snprintf(probabilities, sizeof probabilities, "p=%g p_effective=%.9g", mc.dropout, dt.p_effective);
+    out.write("# memeff dropout mask: " + std::string(probabilities) +
+              " seed=" + std::to_string(mc.seed) + " offset=" + std::to_string(mc.offset) + " heads=" +
+              std::to_string(mc.H) + " (1 = kept)\n");
+  }
+  const std::int64_t words = (cols.size() + 63) / 64;
+  const std::int64_t chunk_rows =
+      std::max<std::int64_t>(1, kChunkElements / std::max<std::int64_t>(cols.size(), 1));
+  std::vector<std::uint8_t> keep;
+  std::vector<std::uint64_t> bits;
+  std::string text;
+  for (std::int64_t bi = b.begin; bi < b.end; ++bi) {
+    for (std::int64_t hi = h.begin; hi < h.end; ++hi) {
+      if (mc.format == "text" && mc.header) {
+        out.write("# b=" + std::to_string(bi) + " h=" + std::to_string(hi) + " rows " + std::to_string(rows.begin) +
+                  ":" + std::to_string(rows.end) + " cols " + std::to_string(cols.begin) + ":" +
+                  std::to_string(cols.end) + "\n");
+      }
+      for (std::int64_t r0 = rows.begin; r0 < rows.end; r0 += chunk_rows) {
+        MaskWindow w;
+        w.heads = mc.H;
+        w.batch_begin = bi;
+        w.batch_count = 1;
+        w.head_begin = hi;
+        w.head_count = 1;
+        w.row_begin = r0;
+        w.rows = std::min(chunk_rows, rows.end - r0);
+        w.col_begin = cols.begin;
+        w.cols = cols.size();
+        if (mc.format == "bits") {
+          bits.assign(static_cast<std::size_t>(w.rows * words), 0);
+          dropout_keep_bits(mc.seed, mc.offset, mc.dropout, w, bits.data());
+          // The file format is little-endian; convert on a big-endian host.
+          if constexpr (std::endian::native == std::endian::big) {
+            for (std::uint64_t& word : bits) word = __builtin_bswap64(word);
+          }
+          out.write(bits.data(), bits.size() * sizeof(std::uint64_t));
+          continue;
+        }
+        keep.assign(static_cast<std::size_t>(w.rows * w.cols), 0);
+        dropout_mask(mc.seed, mc.offset, mc.dropout, w, keep.data());
+        if (mc.format == "npy") {
+          out.write(keep.data(), keep.size());
+          continue;
+        }
+        text.clear();
+        text.reserve(static_cast<std::size_t>(w.rows * (w.cols + 1)));
+        for (std::int64_t r = 0; r < w.rows; ++r) {
+          for (std::int64_t c = 0; c < w.cols; ++c) text += keep[static_cast<std::size_t>(r * w.cols + c)] ? '1' : '0';
+          text += '\n';
+        }
+        out.write(text);
+      }
+    }
+  }
+  out.close();
+  return 0;
+}
+
+}  // namespace memeff::cli

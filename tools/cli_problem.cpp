@@ -1,0 +1,116 @@
+// Materialized attention problems of the memeff program (see cli_problem.h).
+#include "cli_problem.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "memeff/error.h"
+
+namespace memeff::cli {
+
+Device resolve_device(DeviceChoice choice, std::string* note) {
+  if (choice == DeviceChoice::cpu) return Device::cpu();
+  const CudaStatus cuda = cuda_status();
+  if (choice == DeviceChoice::cuda) {
+    if (!cuda.why_not.empty()) throw Error(ErrorCode::cuda_error, "--device cuda: " + cuda.why_not);
+    return Device::cuda(0);
+  }
+  if (cuda.why_not.empty()) return Device::cuda(0);
+  if (note) *note = cuda.why_not + "; running on the CPU";
+  return Device::cpu();
+}
+
+std::vector<std::int64_t> bias_dims(const ShapeConfig& c) {
+  return {c.bias.bcast_b ? 1 : c.B, c.bias.bcast_h ? 1 : c.Hq, c.bias.bcast_q ? 1 : c.Lq, c.lk()};
+}
+
+AttentionArgs AttentionData::args() const {
+  AttentionArgs a;
+  a.q = q.view();
+  a.k = k.view();
+  a.v = v.view();
+  if (config.bias.present) a.bias = bias.view();
+  a.scale = config.scale;
+  a.causal = config.causal;
+  a.dropout_p = config.dropout;
+  a.rng.seed = config.seed;
+  a.rng.offset = config.offset;
+  return a;
+}
+
+BackwardTensors AttentionData::grads() const {
+  BackwardTensors g;
+  g.dout = dout.view();
+  g.out = out.view();
+  g.lse = lse.view();
+  g.dq = dq.view();
+  g.dk = dk.view();
+  g.dv = dv.view();
+  if (config.bias.present) g.dbias = dbias.view();
+  return g;
+}
+
+double AttentionData::forward_flops() const {
+  return attention_flops(config.B, config.Hq, config.Lq, config.lk(), config.D, config.causal);
+}
+
+AttentionData make_attention_data(const ShapeConfig& c, Device device) {
+  c.check();
+  AttentionData d;
+  d.config = c;
+  d.device = device;
+  d.dtype = c.dtype_on(device.type);
+  const std::int64_t B = c.B, Hq = c.Hq, Hkv = c.hkv(), Lq = c.Lq, Lk = c.lk(), D = c.D, Dv = c.dv();
+  const Shape q_shape{{B, Hq, Lq, D}}, k_shape{{B, Hkv, Lk, D}}, v_shape{{B, Hkv, Lk, Dv}},
+      o_shape{{B, Hq, Lq, Dv}}, lse_shape{{B, Hq, Lq}}, bias_shape{bias_dims(c)};
+
+  d.q_host = HostArray(d.dtype, q_shape);
+  d.k_host = HostArray(d.dtype, k_shape);
+  d.v_host = HostArray(d.dtype, v_shape);
+  d.dout_host = HostArray(d.dtype, o_shape);
+  fill_normal(d.q_host, c.seed, 1);
+  fill_normal(d.k_host, c.seed, 2);
+  fill_normal(d.v_host, c.seed, 3);
+  fill_normal(d.dout_host, c.seed, 4);
+  if (c.bias.present) {
+    d.bias_host = HostArray(d.dtype, bias_shape);
+    fill_normal(d.bias_host, c.seed, 5);
+  }
+
+  d.q = DeviceTensor(device, d.dtype, q_shape);
+  d.k = DeviceTensor(device, d.dtype, k_shape);
+  d.v = DeviceTensor(device, d.dtype, v_shape);
+  d.dout = DeviceTensor(device, d.dtype, o_shape);
+  d.q.upload(d.q_host);
+  d.k.upload(d.k_host);
+  d.v.upload(d.v_host);
+  d.dout.upload(d.dout_host);
+  if (c.bias.present) {
+    d.bias = DeviceTensor(device, d.dtype, bias_shape);
+    d.bias.upload(d.bias_host);
+    d.dbias = DeviceTensor(device, d.dtype, bias_shape);
+  }
+  d.out = DeviceTensor(device, d.dtype, o_shape);
+  d.lse = DeviceTensor(device, DType::f32, lse_shape);
+  d.dq = DeviceTensor(device, d.dtype, q_shape);
+  d.dk = DeviceTensor(device, d.dtype, k_shape);
+  d.dv = DeviceTensor(device, d.dtype, v_shape);
+  // All-ones bytes are NaN in fp32, fp16 and bf16: an element a backend forgets to write fails.
+  for (DeviceTensor* t : {&d.out, &d.lse, &d.dq, &d.dk, &d.dv, &d.dbias}) t->buffer.fill_bytes(0xFF);
+  return d;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string format_fixed(double value, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, value);
+  return buf;
+}
+
+}  // namespace memeff::cli

@@ -1,0 +1,46 @@
+// One attention problem of the memeff program, materialized: random inputs (host copies kept
+// for the reference check), device buffers for every input and output, and the AttentionArgs /
+// BackwardTensors that point at them. Shared by run, bench and tune.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "cli_tensor.h"
+#include "memeff/attention.h"
+
+namespace memeff::cli {
+
+// The device a command runs on. `automatic` picks cuda:0 when the build has CUDA and a device
+// is present, else the CPU, and sets `note` to say why (e.g. "no CUDA device is present").
+// `cuda` throws memeff::Error when CUDA is not usable.
+Device resolve_device(DeviceChoice choice, std::string* note);
+
+// Shapes of the tensors of a problem.
+std::vector<std::int64_t> bias_dims(const ShapeConfig& c);
+
+struct AttentionData {
+  ShapeConfig config;
+  Device device{};
+  DType dtype = DType::f32;
+  // Host inputs in the storage dtype (what the device holds, bit for bit).
+  HostArray q_host, k_host, v_host, bias_host, dout_host;
+  DeviceTensor q, k, v, bias, dout;
+  DeviceTensor out, lse, dq, dk, dv, dbias;
+
+  AttentionArgs args() const;
+  BackwardTensors grads() const;
+  double forward_flops() const;  // memeff::attention_flops of the shape
+};
+
+// Allocates and fills a problem: q, k, v, dout ~ N(0, 1) and bias ~ N(0, 1) from `config.seed`;
+// outputs poisoned with NaN so an unwritten element fails the check.
+AttentionData make_attention_data(const ShapeConfig& config, Device device);
+
+// Medians and formatting used by the timing commands.
+double median(std::vector<double> values);
+// "1.234" style milliseconds and TFLOP/s (GFLOP/s below 1 TFLOP/s is still printed in TFLOP/s).
+std::string format_fixed(double value, int digits);
+
+}  // namespace memeff::cli

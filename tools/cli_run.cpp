@@ -1,0 +1,429 @@
+// `memeff run`: the main job. Builds random inputs, runs forward and backward on the best
+// available backend (or the one named), times them, and checks every output against the
+// double-precision reference with the same dropout mask: on the whole problem, or, when the
+// shape is large, on batch 0 and the first heads (an exact sub-problem, see check_plan()).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "cli_args.h"
+#include "cli_commands.h"
+#include "cli_json.h"
+#include "cli_problem.h"
+#include "cli_tolerance.h"
+#include "memeff/attention.h"
+#include "memeff/dropout.h"
+#include "memeff/error.h"
+
+namespace memeff::cli {
+
+namespace {
+
+// Reference work (Lq·Lk·(D+Dv) per head, summed) the check runs in full: the default problem,
+// about 5 s of the double-precision reference on two cores.
+constexpr double kFullCheckBudget = 2.0 * 8 * 512 * 512 * 128;
+
+struct RunConfig {
+  ShapeConfig shape;
+  DeviceChoice device = DeviceChoice::automatic;
+  std::string backend;
+  std::int64_t iters = -1;  // default: 10 on cuda, 3 on cpu
+  std::int64_t warmup = 1;
+  std::string check = "auto";
+  bool json = false;
+};
+
+// Which part of the problem the reference recomputes. The dropout mask of head h of batch b is
+// keyed by b·Hq + h and row i, column j are absolute, so a view of batch 0 and query heads
+// [0, heads) (with their key/value heads [0, heads / group)) is a problem of its own whose mask,
+// outputs and gradients are exactly those of the same elements of the full problem. dbias is
+// exact too unless it sums over a batch or head left out (bias broadcast over B or H).
+// When even one head group is too much work, only query rows [0, rows) are recomputed: a row's
+// out, lse and dq depend on no other row. The keys the reference sees are cut to those the rows
+// can see ([0, rows) top-left; [0, Lk - Lq + rows) bottom-right, which keeps the diagonal where
+// it is), so the sub-problem stays exact; dk, dv and dbias need every row and are not checked.
+struct CheckPlan {
+  bool enabled = true;
+  bool full = true;
+  std::int64_t batches = 0, heads = 0, kv_heads = 0, rows = 0, keys = 0;
+  bool gradients = true;  // dk, dv, dbias checked (false: rows only)
+  bool dbias_needs_rerun = false;
+  std::string describe(const ShapeConfig& c) const {
+    std::ostringstream os;
+    if (!enabled) return "skipped (--check none)";
+    if (full) {
+      os << "all " << c.B * c.Hq << " heads";
+    } else if (gradients) {
+      os << "sampled: batch 0, query heads 0.." << heads - 1 << " (" << heads << " of " << c.B * c.Hq
+         << " heads; --check full checks all)";
+    } else {
+      os << "sampled: batch 0, query heads 0.." << heads - 1 << ", query rows 0.." << rows - 1 << " of " << c.Lq
+         << ": out, lse, dq (dk, dv, dbias need whole heads: --check " << heads << ")";
+    }
+    return os.str();
+  }
+};
+
+CheckPlan check_plan(const RunConfig& rc) {
+  const ShapeConfig& c = rc.shape;
+  CheckPlan plan;
+  plan.enabled = rc.check != "none";
+  const double width = static_cast<double>(c.D + c.dv());
+  const double per_head = static_cast<double>(c.Lq) * static_cast<double>(c.lk()) * width;
+  const double total = per_head * static_cast<double>(c.B * c.Hq);
+  const std::int64_t group = c.Hq / c.hkv();
+  plan.batches = c.B;
+  plan.heads = c.Hq;
+  plan.rows = c.Lq;
+  plan.keys = c.lk();
+  const bool explicit_heads = rc.check != "auto" && rc.check != "full" && rc.check != "none";
+  if (explicit_heads || (rc.check == "auto" && total > kFullCheckBudget)) {
+    plan.full = false;
+    plan.batches = std::min<std::int64_t>(c.B, 1);
+    std::int64_t heads = 0;
+    if (explicit_heads) {
+      heads = (parse_int("--check", rc.check, 1) + group - 1) / group * group;  // whole groups
+    } else {
+      heads = per_head > 0 ? static_cast<std::int64_t>(kFullCheckBudget / per_head) / group * group : c.Hq;
+    }
+    plan.heads = std::clamp<std::int64_t>(heads, group, c.Hq);
+    if (!explicit_heads && per_head * static_cast<double>(plan.heads) > kFullCheckBudget) {
+      // One head group is already too much: check a prefix of its rows (out, lse, dq).
+      const double per_row = static_cast<double>(group) * static_cast<double>(c.lk()) * width;
+      plan.rows = std::clamp<std::int64_t>(static_cast<std::int64_t>(kFullCheckBudget / per_row), 1, c.Lq);
+      if (plan.rows < c.Lq) {
+        plan.gradients = false;
+        if (c.causal == CausalMode::top_left) plan.keys = std::min(c.lk(), plan.rows);
+        if (c.causal == CausalMode::bottom_right) {
+          plan.keys = std::clamp<std::int64_t>(c.lk() - c.Lq + plan.rows, 0, c.lk());
+        }
+      }
+    }
+    if (plan.batches == c.B && plan.heads == c.Hq && plan.rows == c.Lq) plan.full = true;
+  }
+  plan.kv_heads = plan.heads / group;
+  plan.dbias_needs_rerun = plan.gradients && !plan.full && c.bias.present &&
+                           ((c.bias.bcast_b && c.B > plan.batches) || (c.bias.bcast_h && c.Hq > plan.heads));
+  return plan;
+}
+
+struct CheckResult {
+  std::string name;
+  Comparison cmp;
+  CheckTolerance tol;
+  std::vector<std::int64_t> dims;
+  std::string note;
+  bool pass() const { return !cmp.nonfinite && cmp.max_abs <= tol.bound(cmp.max_ref); }
+};
+
+std::string format_sci(double v, int digits = 2) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*e", digits, v);
+  return buf;
+}
+
+std::string format_g(double v, int digits = 3) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+// Runs the reference on the planned sub-problem and compares every output of the backend.
+std::vector<CheckResult> check_against_reference(const AttentionData& d, const CheckPlan& plan,
+                                                 const Options& backend_options) {
+  const ShapeConfig& c = d.config;
+  const std::int64_t nb = plan.batches, nh = plan.heads, nk = plan.kv_heads, Lq = plan.rows, Lk = plan.keys;
+  const std::int64_t D = c.D, Dv = c.dv();
+  const std::vector<std::int64_t> q_dims{nb, nh, Lq, D}, k_dims{nb, nk, Lk, D}, v_dims{nb, nk, Lk, Dv},
+      o_dims{nb, nh, Lq, Dv}, lse_dims{nb, nh, Lq};
+  std::vector<std::int64_t> bias_box = bias_dims(c);
+  if (!c.bias.bcast_b) bias_box[0] = nb;
+  if (!c.bias.bcast_h) bias_box[1] = nh;
+  if (!c.bias.bcast_q) bias_box[2] = Lq;
+  bias_box[3] = Lk;
+
+  // The reference reads exact fp64 copies of the inputs the backend read and writes fp64.
+  const HostArray q = box_as(d.q_host, DType::f64, q_dims), k = box_as(d.k_host, DType::f64, k_dims),
+                  v = box_as(d.v_host, DType::f64, v_dims), dout = box_as(d.dout_host, DType::f64, o_dims);
+  HostArray bias;
+  if (c.bias.present) bias = box_as(d.bias_host, DType::f64, bias_box);
+  HostArray out(DType::f64, Shape{o_dims}), lse(DType::f32, Shape{lse_dims}), dq(DType::f64, Shape{q_dims}),
+      dk(DType::f64, Shape{k_dims}), dv(DType::f64, Shape{v_dims}), dbias;
+  if (c.bias.present) dbias = HostArray(DType::f64, Shape{bias_box});
+
+  AttentionArgs args;
+  args.q = q.view();
+  args.k = k.view();
+  args.v = v.view();
+  if (c.bias.present) args.bias = bias.view();
+  args.scale = c.scale;
+  args.causal = c.causal;
+  args.dropout_p = c.dropout;
+  args.rng.seed = c.seed;
+  args.rng.offset = c.offset;
+  Options ref_options;
+  ref_options.backends = {"reference"};
+  forward(args, out.view(), lse.view(), ref_options);
+  BackwardTensors g;
+  g.dout = dout.view();
+  g.out = out.view();
+  g.lse = lse.view();
+  g.dq = dq.view();
+  g.dk = dk.view();
+  g.dv = dv.view();
+  if (c.bias.present) g.dbias = dbias.view();
+  backward(args, g, ref_options);
+
+  std::vector<CheckResult> results;
+  auto add = [&](const char* name, const HostArray& actual, const HostArray& expected, bool gradient,
+                 std::string note = "") {
+    CheckResult r;
+    r.name = name;
+    r.cmp = compare_box(actual, expected);
+    r.tol = check_tolerance(d.dtype, gradient);
+    r.dims = expected.shape.dims;
+    r.note = std::move(note);
+    results.push_back(std::move(r));
+  };
+  add("out", d.out.download(), out, false);
+  add("lse", d.lse.download(), lse, false);
+  add("dq", d.dq.download(), dq, true);
+  if (!plan.gradients) return results;  // row prefix: dk, dv, dbias are partial sums
+  add("dk", d.dk.download(), dk, true);
+  add("dv", d.dv.download(), dv, true);
+  if (c.bias.present && !plan.dbias_needs_rerun) add("dbias", d.dbias.download(), dbias, true);
+  if (c.bias.present && plan.dbias_needs_rerun) {
+    // The backend's dbias sums over heads the reference did not run: rerun the backend's
+    // backward on the same sub-problem (views of the same device data) and compare that.
+    AttentionArgs sub = d.args();
+    sub.q = d.q.box_view(q_dims);
+    sub.k = d.k.box_view(k_dims);
+    sub.v = d.v.box_view(v_dims);
+    sub.bias = d.bias.box_view(bias_box);
+    DeviceTensor sdq(d.device, d.dtype, Shape{q_dims}), sdk(d.device, d.dtype, Shape{k_dims}),
+        sdv(d.device, d.dtype, Shape{v_dims}), sdbias(d.device, d.dtype, Shape{bias_box});
+    for (DeviceTensor* t : {&sdq, &sdk, &sdv, &sdbias}) t->buffer.fill_bytes(0xFF);
+    BackwardTensors sg;
+    sg.dout = d.dout.box_view(o_dims);
+    sg.out = d.out.box_view(o_dims);
+    sg.lse = d.lse.box_view(lse_dims);
+    sg.dq = sdq.view();
+    sg.dk = sdk.view();
+    sg.dv = sdv.view();
+    sg.dbias = sdbias.view();
+    Options o = backend_options;
+    o.workspace = nullptr;
+    o.workspace_bytes = 0;
+    Buffer ws(d.device, workspace_size(sub, Pass::backward, o));
+    o.workspace = ws.data();
+    o.workspace_bytes = ws.bytes();
+    backward(sub, sg, o);
+    synchronize(d.device);
+    add("dbias", sdbias.download(), dbias, true, "backend rerun on the sampled heads");
+  }
+  return results;
+}
+
+FlagParser make_parser(RunConfig& rc) {
+  FlagParser p("memeff run",
+               "Runs forward and backward attention on random inputs with the best available backend\n"
+               "(the GPU when the build has CUDA and a device is present, else the CPU; the dispatcher's\n"
+               "default order picks the backend), times both passes, and checks out, lse, dq, dk, dv and\n"
+               "dbias against the double-precision `reference` backend with the same dropout mask.\n"
+               "Exits with 1 when an error exceeds its tolerance.");
+  p.add({"--device", "DEV", "cpu, cuda or auto (default auto: cuda when present)",
+         [&rc](const std::string& v) { rc.device = parse_device("--device", v); }});
+  p.add({"--backend", "LIST", "allow only these backends, comma-separated in priority order\n(Options::backends), e.g. cuda, cpu, reference, cuda,cuda_math",
+         [&rc](const std::string& v) { rc.backend = v; }});
+  add_shape_flags(p, rc.shape);
+  p.add({"--iters", "N", "timed iterations per pass; the median is reported\n(default 10 on cuda; 3 on cpu, 1 when a pass takes seconds)",
+         [&rc](const std::string& v) { rc.iters = parse_int("--iters", v, 1); }});
+  p.add({"--warmup", "N", "untimed iterations before timing (default 1)",
+         [&rc](const std::string& v) { rc.warmup = parse_int("--warmup", v, 0); }});
+  p.add({"--check", "MODE",
+         "auto (default: the whole problem when small, else batch 0 and the first heads),\n"
+         "full (every head), none (timing only), or N: batch 0 and the first N query heads\n"
+         "(rounded up to whole GQA groups)",
+         [&rc](const std::string& v) {
+           if (v != "auto" && v != "full" && v != "none") parse_int("--check", v, 1);  // N heads
+           rc.check = v;
+         }});
+  p.add({"--json", "", "print one JSON object instead of the text report",
+         [&rc](const std::string&) { rc.json = true; }});
+  p.add_section(
+      "defaults: B=2 Hq=Hkv=8 Lq=Lk=512 D=Dv=64, bf16 on cuda / fp32 on cpu, causal top-left,\n"
+      "dropout 0.1, no bias, seed 0, offset 0.\n"
+      "FLOPs: forward 4*B*Hq*Lq*Lk*D (halved when causal), backward 2.5x the forward.\n"
+      "check: inputs are N(0,1) rounded to the dtype; the reference recomputes in fp64 from the same\n"
+      "values. Large shapes are checked on batch 0 and the first query heads: the dropout mask is\n"
+      "keyed by b*Hq+h, so that prefix is an exact sub-problem (dbias, when it sums over heads\n"
+      "outside it, is compared with the backend rerun on the sub-problem). When one head group is\n"
+      "too large, out, lse and dq are checked on its first query rows (dk, dv, dbias: --check N).\n" +
+      std::string(tolerance_help()));
+  return p;
+}
+
+}  // namespace
+
+int run_command(const std::vector<std::string>& argv) {
+  RunConfig rc;
+  FlagParser parser = make_parser(rc);
+  parser.parse(argv);
+  rc.shape.check();
+
+  std::string device_note;
+  const Device device = resolve_device(rc.device, &device_note);
+  if (!device_note.empty() && !rc.json) std::fprintf(stderr, "memeff run: %s\n", device_note.c_str());
+
+  AttentionData d = make_attention_data(rc.shape, device);
+  const ShapeConfig& c = d.config;
+  const AttentionArgs args = d.args();
+  const BackwardTensors grads = d.grads();
+  Options options;
+  if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
+
+  // Hand each pass the workspace it asks for, so nothing allocates inside the timed calls.
+  Options fwd_options = options, bwd_options = options;
+  const std::size_t ws_fwd = workspace_size(args, Pass::forward, options);
+  const std::size_t ws_bwd = workspace_size(args, Pass::backward, options);
+  Buffer ws_f(device, ws_fwd), ws_b(device, ws_bwd);
+  fwd_options.workspace = ws_f.data();
+  fwd_options.workspace_bytes = ws_fwd;
+  bwd_options.workspace = ws_b.data();
+  bwd_options.workspace_bytes = ws_bwd;
+
+  const std::string where = device_description(device);
+  if (!rc.json) std::fprintf(stderr, "memeff run: %s on %s, warm-up\n", c.describe(d.dtype).c_str(), where.c_str());
+  CallInfo fwd_info, bwd_info;
+  Timer timer(device);
+  double warmup_ms = 0.0;
+  for (std::int64_t i = 0; i < std::max<std::int64_t>(rc.warmup, 1); ++i) {
+    timer.start();
+    fwd_info = forward(args, grads.out, grads.lse, fwd_options);
+    bwd_info = backward(args, grads, bwd_options);
+    warmup_ms = timer.stop();
+  }
+  synchronize(device);
+  // Default iterations: 10 on cuda; on the CPU 3, or fewer when one forward+backward takes
+  // seconds (the reference backend), so the default run stays short.
+  std::int64_t iters = rc.iters;
+  if (iters <= 0) {
+    iters = device.type == DeviceType::cuda
+                ? 10
+                : std::clamp<std::int64_t>(static_cast<std::int64_t>(3000.0 / std::max(warmup_ms, 1.0)), 1, 3);
+  }
+  // The warm-up outputs are what gets checked; timing reruns both passes into the same buffers.
+  if (!rc.json) std::fprintf(stderr, "memeff run: timing %lld iterations per pass\n", static_cast<long long>(iters));
+  std::vector<double> fwd_ms, bwd_ms;
+  for (std::int64_t i = 0; i < iters; ++i) {
+    timer.start();
+    forward(args, grads.out, grads.lse, fwd_options);
+    fwd_ms.push_back(timer.stop());
+  }
+  for (std::int64_t i = 0; i < iters; ++i) {
+    timer.start();
+    backward(args, grads, bwd_options);
+    bwd_ms.push_back(timer.stop());
+  }
+  synchronize(device);
+  const double t_f = median(fwd_ms), t_b = median(bwd_ms);
+  const double flops = d.forward_flops();
+  const double fwd_tflops = t_f > 0 ? flops / t_f / 1e9 : 0.0;
+  const double bwd_tflops = t_b > 0 ? 2.5 * flops / t_b / 1e9 : 0.0;
+  const double fb_tflops = t_f + t_b > 0 ? 3.5 * flops / (t_f + t_b) / 1e9 : 0.0;
+
+  const CheckPlan plan = check_plan(rc);
+  std::vector<CheckResult> checks;
+  if (plan.enabled) {
+    if (!rc.json) {
+      std::fprintf(stderr, "memeff run: checking against the reference (%s)\n", plan.describe(c).c_str());
+    }
+    checks = check_against_reference(d, plan, options);
+  }
+  bool pass = true;
+  for (const CheckResult& r : checks) pass = pass && r.pass();
+
+  const DropoutThreshold dt = dropout_threshold(c.dropout);
+  if (rc.json) {
+    JsonObject errors, tolerances, refs;
+    for (const CheckResult& r : checks) {
+      errors.add(r.name, r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs);
+      tolerances.add(r.name, r.tol.bound(r.cmp.max_ref));
+      refs.add(r.name, r.cmp.max_ref);
+    }
+    JsonObject j;
+    j.add("backend", fwd_info.backend)
+        .add("backend_backward", bwd_info.backend)
+        .add("device", device_name(device))
+        .add("device_description", where)
+        .add("device_note", device_note)
+        .add("dtype", dtype_name(d.dtype))
+        .add("B", c.B)
+        .add("Hq", c.Hq)
+        .add("Hkv", c.hkv())
+        .add("Lq", c.Lq)
+        .add("Lk", c.lk())
+        .add("D", c.D)
+        .add("Dv", c.dv())
+        .add("causal", causal_flag_name(c.causal))
+        .add("bias", c.bias.text())
+        .add("dropout", c.dropout)
+        .add("p_effective", fwd_info.p_effective)
+        .add("seed", c.seed)
+        .add("offset", c.offset)
+        .add("iters", iters)
+        .add("fwd_ms", t_f)
+        .add("bwd_ms", t_b)
+        .add("fwd_tflops", fwd_tflops)
+        .add("bwd_tflops", bwd_tflops)
+        .add("tflops", fb_tflops)
+        .add("workspace_fwd_bytes", static_cast<std::uint64_t>(ws_fwd))
+        .add("workspace_bwd_bytes", static_cast<std::uint64_t>(ws_bwd))
+        .add("check", plan.describe(c))
+        .add("max_abs_err", errors)
+        .add("tolerance", tolerances)
+        .add("max_abs_ref", refs)
+        .add("pass", pass);
+    std::printf("%s\n", j.str().c_str());
+    return pass ? 0 : 1;
+  }
+
+  std::printf("memeff %s run\n", version());
+  std::printf("  backend    %s (forward), %s (backward)\n", fwd_info.backend.c_str(), bwd_info.backend.c_str());
+  std::printf("  device     %s%s\n", where.c_str(), device_note.empty() ? "" : ("  [" + device_note + "]").c_str());
+  std::printf("  problem    %s\n", c.describe(d.dtype).c_str());
+  std::printf("  shapes     q [%lld, %lld, %lld, %lld]  k [%lld, %lld, %lld, %lld]  v [%lld, %lld, %lld, %lld]",
+              static_cast<long long>(c.B), static_cast<long long>(c.Hq), static_cast<long long>(c.Lq),
+              static_cast<long long>(c.D), static_cast<long long>(c.B), static_cast<long long>(c.hkv()),
+              static_cast<long long>(c.lk()), static_cast<long long>(c.D), static_cast<long long>(c.B),
+              static_cast<long long>(c.hkv()), static_cast<long long>(c.lk()), static_cast<long long>(c.dv()));
+  if (c.bias.present) {
+    const auto bd = bias_dims(c);
+    std::printf("  bias [%lld, %lld, %lld, %lld]", static_cast<long long>(bd[0]), static_cast<long long>(bd[1]),
+                static_cast<long long>(bd[2]), static_cast<long long>(bd[3]));
+  }
+  std::printf("\n  dropout    p=%g  p_effective=%.7g (keep when byte < %u, scale %.6g)  seed=%llu offset=%llu\n",
+              c.dropout, fwd_info.p_effective, dt.threshold, dt.keep_scale, static_cast<unsigned long long>(c.seed),
+              static_cast<unsigned long long>(c.offset));
+  std::printf("  forward    %10.3f ms  %8s TFLOP/s\n", t_f, format_g(fwd_tflops).c_str());
+  std::printf("  backward   %10.3f ms  %8s TFLOP/s\n", t_b, format_g(bwd_tflops).c_str());
+  std::printf("  fwd+bwd    %10.3f ms  %8s TFLOP/s   (median of %lld after %lld warm-up; %s)\n", t_f + t_b,
+              format_g(fb_tflops).c_str(), static_cast<long long>(iters),
+              static_cast<long long>(std::max<std::int64_t>(rc.warmup, 1)),
+              device.type == DeviceType::cuda ? "CUDA events" : "wall clock");
+  std::printf("  check      %s\n", plan.describe(c).c_str());
+  for (const CheckResult& r : checks) {
+    std::printf("    %-6s max abs err %-9s  tol %-9s (max |ref| %s)  %s", r.name.c_str(),
+                r.cmp.nonfinite ? "non-finite" : format_sci(r.cmp.max_abs).c_str(),
+                format_sci(r.tol.bound(r.cmp.max_ref)).c_str(), format_g(r.cmp.max_ref).c_str(),
+                r.pass() ? "PASS" : "FAIL");
+    if (!r.pass() && r.cmp.worst >= 0) std::printf("  at %s", index_string(r.cmp.worst, r.dims).c_str());
+    if (!r.note.empty()) std::printf("  (%s)", r.note.c_str());
+    std::printf("\n");
+  }
+  std::printf("  result     %s\n", !plan.enabled ? "not checked" : pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
+}  // namespace memeff::cli
