@@ -6,6 +6,11 @@ namespace memeff::detail {
 std::vector<std::shared_ptr<Backend>> builtin_backends() {
   std::vector<std::shared_ptr<Backend>> all;
   all.push_back(make_reference_backend());
+  all.push_back(make_cpu_backend());
+#if defined(MEMEFF_WITH_CUDA)
+  all.push_back(make_cuda_backend());
+  all.push_back(make_cuda_math_backend());
+#endif
   return all;
 }
 

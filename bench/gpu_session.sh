@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: the gpu-labelled tests, compute-sanitizer on small cases, the
+# main job, then `memeff bench` and PyTorch's SDPA backends (bench/torch_sdpa.py, a copy of the
+# project's peer script) on the anchor shapes in the same call, and an autotune demonstration.
+# Usage: bench/gpu_session.sh BUILD_DIR TORCH_SCRIPT   (logs and JSON rows go to $OUT)
+set -uo pipefail
+bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
+torch_script="${2:-}"
+out="${OUT:-/tmp/memeff-gpu-session}"
+mkdir -p "$out"
+step() { echo "== $* ($(date +%T))" | tee -a "$out/steps.log" >&2; }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv |
+  tee "$out/device.txt"
+
+step "gpu tests"
+"$bin/tests/memeff_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
+
+small='DropoutFragment.*:CudaForward.NoKeysGiveZeroOutAndMinusInfLse:CudaForward.GroupedAndMultiQueryAttention:CudaBackward.SeedAndOffsetFromDeviceMemory:CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity'
+for tool in memcheck racecheck synccheck; do
+  step "compute-sanitizer $tool"
+  timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    "$bin/tests/memeff_gpu_tests" --gtest_brief=1 --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
+  echo "$tool exit $? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
+done
+
+step "memeff run (defaults)"
+"$bin/tools/memeff" run 2>&1 | tee "$out/run.log"
+
+step "memeff bench (anchor shapes, dropout 0 and 0.1)"
+"$bin/tools/memeff" bench --json "$out/memeff_bench.json" 2>"$out/bench_progress.log" | tee "$out/bench.log"
+
+if [ -n "$torch_script" ]; then
+  step "PyTorch SDPA backends, same shapes"
+  PYTHONUNBUFFERED=1 python3 "$torch_script" --json "$out/torch.json" 2>&1 | tee "$out/torch.log"
+fi
+
+if [ -s "$out/torch.json" ]; then
+  step "side-by-side table"
+  python3 "$(dirname "$0")/compare.py" "$out/memeff_bench.json" "$out/torch.json" \
+    --markdown "$out/table.md" --plot "$out/anchors.png"
+fi
+
+step "autotune demonstration"
+export MEMEFF_CACHE_DIR="$out/tune-cache"
+printf '%s\n' '1,4,4,32,32,64,64,none,0.1,bf16' '16,16,16,64,64,64,64,top-left,0.1,bf16' \
+  '1,8,8,2048,2048,128,128,top-left,0.1,fp32' > "$out/tune_shapes.txt"
+"$bin/tools/memeff" tune --device cuda --shapes "$out/tune_shapes.txt" 2>&1 | tee "$out/tune.log"
+"$bin/tools/memeff" tune --show 2>&1 | tee -a "$out/tune.log"
+"$bin/tools/memeff" explain --device cuda --batch 1 --heads 4 --lq 32 --lk 32 --dtype bf16 2>&1 | tee -a "$out/tune.log"
+cpu_torch_script="$(dirname "$torch_script")/torch_sdpa_cpu.py"
+if [ -n "$torch_script" ] && [ -f "$cpu_torch_script" ] && command -v taskset >/dev/null; then
+  step "CPU: the cpu backend and PyTorch's CPU SDPA, pinned to cores 0,1"
+  for threads in 1 2; do
+    OMP_NUM_THREADS=$threads timeout 120 taskset -c 0,1 "$bin/tools/memeff" bench --device cpu \
+      --json "$out/memeff_cpu_t$threads.json" 2>>"$out/bench_progress.log" | tee "$out/cpu_t$threads.log"
+  done
+  PYTHONUNBUFFERED=1 timeout 200 taskset -c 0,1 python3 "$cpu_torch_script" 2>&1 | tee "$out/torch_cpu.log"
+fi
+step "done"

@@ -1,0 +1,315 @@
+// The "cuda" backend: the fused tensor-core kernels (src/cuda/launch/). It turns a validated
+// Problem and its views into the plain kernel params, says why it cannot run a problem (dtype,
+// device, head dim, alignment, strides), handles the empty-length edges itself and owns the
+// backward workspace (the caller's, or a stream-ordered allocation).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/builtin_backends.h"
+#include "cuda/kernels/fwd_dispatch.cuh"
+#include "cuda/launch/launch.h"
+#include "cuda/params.h"
+#include "memeff/backend.h"
+#include "memeff/error.h"
+
+namespace memeff::detail {
+namespace {
+
+using cuda::BackwardParams;
+using cuda::ForwardParams;
+using cuda::Strides;
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+// Makes `device` current for the scope of a call and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+struct ComputeCapability {
+  bool ok = false;
+  int major = 0, minor = 0;
+  std::string error;
+};
+
+// cudaGetDeviceProperties is slow (tens of microseconds): cache the answer per ordinal.
+ComputeCapability compute_capability(int device) {
+  static std::mutex mutex;
+  static std::map<int, ComputeCapability> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  ComputeCapability cc;
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err == cudaSuccess) {
+    cc.ok = true;
+    cc.major = prop.major;
+    cc.minor = prop.minor;
+  } else {
+    cudaGetLastError();  // clear the (non-sticky) error so later launches are not blamed
+    cc.error = std::string("cudaGetDeviceProperties(") + std::to_string(device) +
+               "): " + cudaGetErrorString(err);
+  }
+  cache.emplace(device, cc);
+  return cc;
+}
+
+cuda::ElemType elem_type(DType dtype) {
+  return dtype == DType::bf16 ? cuda::ElemType::bf16 : cuda::ElemType::fp16;
+}
+
+Strides strides_of(const TensorView& t) {
+  // Broadcast (size-1) dimensions read index 0 only: stride 0 keeps the kernels' math uniform.
+  return Strides{t.shape[0] == 1 ? 0 : t.stride[0], t.shape[1] == 1 ? 0 : t.stride[1],
+                 t.shape[2] == 1 ? 0 : t.stride[2]};
+}
+
+// Sizes, flags and RNG values only: what reasons_unsupported can know without views.
+void fill_from_problem(ForwardParams& p, const Problem& pb) {
+  p.B = static_cast<int>(pb.B);
+  p.Hq = static_cast<int>(pb.Hq);
+  p.Hkv = static_cast<int>(pb.Hkv);
+  p.group = pb.Hkv > 0 ? static_cast<int>(pb.Hq / pb.Hkv) : 1;
+  p.Lq = pb.Lq;
+  p.Lk = pb.Lk;
+  p.D = static_cast<int>(pb.D);
+  p.Dv = static_cast<int>(pb.Dv);
+  p.bias_is_fp32 = pb.has_bias && pb.bias_dtype == DType::f32;
+  p.scale = static_cast<float>(pb.scale);
+  p.scale_log2 = static_cast<float>(pb.scale * 1.4426950408889634);
+  p.causal = pb.causal == CausalMode::none ? 0 : (pb.causal == CausalMode::top_left ? 1 : 2);
+  p.causal_shift = pb.causal_shift();
+  p.has_dropout = pb.has_dropout();
+  p.keep_threshold = pb.dropout.threshold;
+  p.keep_scale = static_cast<float>(pb.dropout.keep_scale);
+}
+
+void fill_from_views(ForwardParams& p, const AttentionArgs& args, const TensorView& out,
+                     const TensorView& lse) {
+  p.q = args.q.data;
+  p.k = args.k.data;
+  p.v = args.v.data;
+  p.out = out.data;
+  p.lse = static_cast<float*>(lse.data);
+  p.q_stride = strides_of(args.q);
+  p.k_stride = strides_of(args.k);
+  p.v_stride = strides_of(args.v);
+  p.out_stride = strides_of(out);
+  p.lse_stride_b = lse.shape[0] == 1 ? 0 : lse.stride[0];
+  p.lse_stride_h = lse.shape[1] == 1 ? 0 : lse.stride[1];
+  if (args.bias) {
+    p.bias = args.bias->data;
+    p.bias_stride = strides_of(*args.bias);
+  }
+  p.seed = args.rng.seed;
+  p.offset = args.rng.offset;
+  p.seed_ptr = args.rng.device_seed;
+  p.offset_ptr = args.rng.device_offset;
+}
+
+std::string join(const std::vector<std::string>& reasons) {
+  std::string s;
+  for (const std::string& r : reasons) s += (s.empty() ? "" : "; ") + r;
+  return s;
+}
+
+cuda::FillKind fill_kind(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return cuda::FillKind::bf16;
+    case DType::f16: return cuda::FillKind::f16;
+    default: return cuda::FillKind::f32;
+  }
+}
+
+void fill_view(const TensorView& t, float value, cudaStream_t stream) {
+  if (!t.defined() || t.numel() == 0) return;
+  std::int64_t shape[4] = {1, 1, 1, 1}, stride[4] = {0, 0, 0, 1};
+  const int pad = 4 - t.rank;  // views of rank < 4 (lse) get leading unit dimensions
+  for (int d = 0; d < t.rank; ++d) {
+    shape[pad + d] = t.shape[d];
+    stride[pad + d] = t.stride[d];
+  }
+  if (shape[3] > 1 && stride[3] != 1) {
+    throw Error(ErrorCode::internal, "fill_view: last dimension of " + t.describe() +
+                                         " is not contiguous");
+  }
+  cuda::fill_strided(t.data, fill_kind(t.dtype), shape, stride, value, stream);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  std::string name() const override { return "cuda"; }
+  DeviceType device_type() const override { return DeviceType::cuda; }
+
+  std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
+    std::vector<std::string> reasons;
+    if (pb.device.type != DeviceType::cuda) {
+      reasons.push_back("tensors are on " + device_name(pb.device) + ", not a CUDA device");
+      return reasons;
+    }
+    if (pb.dtype == DType::f32) {
+      reasons.push_back("fp32 inputs: use cuda_math (the fused kernels take fp16/bf16)");
+    } else if (pb.dtype != DType::f16 && pb.dtype != DType::bf16) {
+      reasons.push_back(std::string(dtype_name(pb.dtype)) + " inputs: the fused kernels take fp16/bf16");
+    }
+    if (pb.has_bias && pb.bias_dtype != DType::f32 && pb.bias_dtype != pb.dtype) {
+      reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
+                        ": must be fp32 or the dtype of q");
+    }
+    const ComputeCapability cc = compute_capability(pb.device.index);
+    if (!cc.ok) {
+      reasons.push_back(cc.error);
+      return reasons;
+    }
+    std::vector<std::string> kernel_reasons;
+    if (pass == Pass::forward) {
+      ForwardParams p;
+      fill_from_problem(p, pb);
+      kernel_reasons = cuda::forward_unsupported(p, cc.major, cc.minor);
+    } else {
+      BackwardParams p;
+      fill_from_problem(p, pb);
+      kernel_reasons = cuda::backward_unsupported(p, cc.major, cc.minor);
+    }
+    reasons.insert(reasons.end(), kernel_reasons.begin(), kernel_reasons.end());
+    return reasons;
+  }
+
+  std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
+    if (pass != Pass::backward || pb.Lq == 0 || pb.Lk == 0) return 0;
+    BackwardParams p;
+    fill_from_problem(p, pb);
+    if (pb.has_bias) {  // dbias may be asked for: count its accumulator when it is reduced
+      p.dbias_shape[0] = pb.bias_bcast_b ? 1 : static_cast<int>(pb.B);
+      p.dbias_shape[1] = pb.bias_bcast_h ? 1 : static_cast<int>(pb.Hq);
+      p.dbias_shape[2] = pb.bias_bcast_q ? 1 : static_cast<int>(pb.Lq);
+    }
+    return cuda::backward_workspace_bytes(p);
+  }
+
+  void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
+               const TensorView& lse, const Options& options) override {
+    DeviceScope device(pb.device.index);
+    const auto stream = static_cast<cudaStream_t>(options.stream);
+    if (pb.B == 0 || pb.Hq == 0 || pb.Lq == 0) return;
+    ForwardParams p;
+    fill_from_problem(p, pb);
+    fill_from_views(p, args, out, lse);
+    if (pb.Lq > 1 && lse.stride[2] != 1) {
+      throw Error(ErrorCode::unsupported,
+                  "cuda forward: lse must have a contiguous last dimension, got " + lse.describe());
+    }
+    // Alignment and strides are known only now: refuse with the kernel's reasons.
+    const ComputeCapability cc = compute_capability(pb.device.index);
+    const std::vector<std::string> reasons = cuda::forward_unsupported(p, cc.major, cc.minor);
+    if (!reasons.empty()) {
+      throw Error(ErrorCode::unsupported, "cuda forward cannot run these tensors: " + join(reasons));
+    }
+    cuda::launch_forward(p, elem_type(pb.dtype), stream);  // Lk == 0 writes out 0, lse -inf
+  }
+
+  void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
+                const Options& options) override {
+    DeviceScope device(pb.device.index);
+    const auto stream = static_cast<cudaStream_t>(options.stream);
+    if (pb.B == 0 || pb.Hq == 0) return;
+    if (pb.Lk == 0) {  // no keys: every gradient is zero (dk, dv and dbias are empty)
+      fill_view(g.dq, 0.0f, stream);
+      return;
+    }
+    if (pb.Lq == 0) {  // no queries: dq is empty, nothing flows into k, v or the bias
+      fill_view(g.dk, 0.0f, stream);
+      fill_view(g.dv, 0.0f, stream);
+      if (g.dbias) fill_view(*g.dbias, 0.0f, stream);
+      return;
+    }
+    BackwardParams p;
+    fill_from_problem(p, pb);
+    fill_from_views(p, args, g.out, g.lse);
+    p.dout = g.dout.data;
+    p.dq = g.dq.data;
+    p.dk = g.dk.data;
+    p.dv = g.dv.data;
+    p.dout_stride = strides_of(g.dout);
+    p.dq_stride = strides_of(g.dq);
+    p.dk_stride = strides_of(g.dk);
+    p.dv_stride = strides_of(g.dv);
+    if (g.dbias) {
+      p.dbias = g.dbias->data;
+      p.dbias_stride = strides_of(*g.dbias);
+      for (int d = 0; d < 3; ++d) p.dbias_shape[d] = static_cast<int>(g.dbias->shape[d]);
+    }
+    p.deterministic = options.deterministic;
+    if (pb.Lq > 1 && g.lse.stride[2] != 1) {
+      throw Error(ErrorCode::unsupported,
+                  "cuda backward: lse must have a contiguous last dimension, got " + g.lse.describe());
+    }
+    const ComputeCapability cc = compute_capability(pb.device.index);
+    const std::vector<std::string> reasons = cuda::backward_unsupported(p, cc.major, cc.minor);
+    if (!reasons.empty()) {
+      throw Error(ErrorCode::unsupported, "cuda backward cannot run these tensors: " + join(reasons));
+    }
+
+    const std::size_t needed = cuda::backward_workspace_bytes(p);
+    void* workspace = options.workspace;
+    bool owned = false;
+    if (needed > 0) {
+      if (workspace != nullptr) {
+        if (options.workspace_bytes < needed) {
+          throw Error(ErrorCode::invalid_argument,
+                      "argument `workspace_bytes`: the cuda backward needs " + std::to_string(needed) +
+                          " bytes of workspace, got " + std::to_string(options.workspace_bytes));
+        }
+        if ((reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0) {
+          throw Error(ErrorCode::invalid_argument,
+                      "argument `workspace`: expected a 16-byte aligned pointer");
+        }
+      } else {
+        check(cudaMallocAsync(&workspace, needed, stream), "cudaMallocAsync(backward workspace)");
+        owned = true;
+      }
+    }
+    try {
+      cuda::launch_backward(p, workspace, elem_type(pb.dtype), stream);
+    } catch (...) {
+      if (owned) cudaFreeAsync(workspace, stream);
+      throw;
+    }
+    if (owned) check(cudaFreeAsync(workspace, stream), "cudaFreeAsync(backward workspace)");
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cuda_backend() { return std::make_shared<CudaBackend>(); }
+
+}  // namespace memeff::detail

@@ -1,0 +1,521 @@
+// Backward kernels of the fused attention (FlashAttention-2 style, mma.sync): the preprocess
+// (softmax_d = rowsum(dO ∘ O), workspace zeroing), the main kernel (one CTA per key block and
+// (batch, kv head), dK/dV in registers, dQ and broadcast dbias by fp32 atomics) and the converts.
+//
+// Main kernel orientation: every warp owns 16 keys (rows of Sᵀ = K·Qᵀ) of the CTA's key block
+// and all kBr queries of the current query block, so dV += (P∘Z)ᵀ·dO and dK += dSᵀ·Q take their
+// A operand straight from the accumulators; only dS goes through shared memory (for dQ = dS·K).
+// Dropout bits are regenerated per (query block, 64-key block) with one Philox call per 16
+// elements (cooperatively, into shared memory), from absolute (i, j): the map of
+// src/core/dropout_map.h, so tiling cannot change the mask (PyTorch PR #103704's bug class).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/kernels/dropout_frag.cuh"
+#include "cuda/kernels/mma.cuh"
+#include "cuda/params.h"
+
+namespace memeff::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x by the special-function unit (flush-to-zero: P below 2^-126 is 0, as in FlashAttention).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Adds two adjacent fp32 values (8-byte aligned) to global memory: one vector reduction on sm_90.
+// 4-byte asynchronous copy global -> shared, zero-filled when src_bytes is 0.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem_dst)),
+               "l"(gmem_src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void red_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// Tile shape of the main kernel: kD = head-dim bucket (D and Dv zero-padded up to it), kBc keys
+// per CTA (16 per warp, a multiple of 64 so dropout blocks align), kBr queries per step.
+template <int kD_, int kBc_, int kBr_, int kMinBlocks_>
+struct BwdTraits {
+  static constexpr int kD = kD_, kBc = kBc_, kBr = kBr_, kMinBlocks = kMinBlocks_;
+  static constexpr int kWarps = kBc / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowPad = kD + 8;    // smem row (elements) of K, V, Q, dO: +16 B vs banks
+  static constexpr int kDsPad = kBr + 8;    // smem row of dSᵀ [key][query]
+  static constexpr int kKeyBlocks64 = kBc / 64;
+  // dQ = dS·K warp grid: kWarpsM row tiles of 16 queries, kWarpsN column slices of kD.
+  static constexpr int kWarpsM = (kBr / 16) < kWarps ? (kBr / 16) : kWarps;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kDqCols = kD / kWarpsN;  // columns of dQ per warp
+  static_assert(kBc % 64 == 0, "key block must cover whole 64-key dropout blocks");
+  static_assert(kBr % 16 == 0 && kD % 16 == 0, "tiles are multiples of 16");
+  static_assert(kWarpsM * kWarpsN == kWarps && kDqCols % 16 == 0, "dQ warp grid");
+  // Shared memory (bytes): K, V, two buffers of Q and dO, dSᵀ, then per-buffer lse, delta and
+  // dropout keep bits.
+  static constexpr int kKvBytes = kBc * kRowPad * 2;
+  static constexpr int kQBytes = kBr * kRowPad * 2;
+  static constexpr int kDsBytes = kBc * kDsPad * 2;
+  static constexpr int kScalarBytes = kBr * 4;
+  static constexpr int kKeepBytes = kKeyBlocks64 * kBr * 4 * 2;  // u16 per (block64, row, class)
+  static constexpr int kSmemBytes =
+      2 * kKvBytes + 4 * kQBytes + kDsBytes + 2 * (2 * kScalarBytes + kKeepBytes);
+};
+
+// --------------------------------------------------------------------------------------------
+// Preprocess: softmax_d[b,h,i] = Σ_e dO·O (fp32), and zero the fp32 accumulators.
+// One warp per row; lanes read 8 elements (16 bytes) at a time.
+template <class T>
+__global__ void bwd_preprocess_kernel(BackwardParams p, float* dbias_accum,
+                                      std::int64_t dbias_accum_elems) {
+  const std::int64_t warps_total = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  const std::int64_t warp0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
+  for (std::int64_t r = warp0; r < rows; r += warps_total) {
+    const std::int64_t i = r % p.Lq, bh = r / p.Lq, h = bh % p.Hq, b = bh / p.Hq;
+    const T* o = static_cast<const T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + i * p.out_stride.l;
+    const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h +
+                 i * p.dout_stride.l;
+    float acc = 0.f;
+    for (int e0 = lane * 8; e0 < p.Dv; e0 += 32 * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + e0);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d + e0);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc += to_float(oe[k]) * to_float(de[k]);
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, s);
+    if (lane == 0) p.softmax_d[r] = acc;
+  }
+  const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t dq_elems = rows * p.D;
+  for (std::int64_t k = tid; k < dq_elems; k += stride) p.dq_accum[k] = 0.f;
+  for (std::int64_t k = tid; k < dbias_accum_elems; k += stride) dbias_accum[k] = 0.f;
+}
+
+// dq = dq_accum · scale in the output dtype and strides.
+template <class T>
+__global__ void bwd_convert_dq_kernel(BackwardParams p) {
+  const std::int64_t pairs = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq * (p.D / 2);
+  const int half_d = p.D / 2;
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < pairs;
+       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t e = (k % half_d) * 2, r = k / half_d;
+    const std::int64_t i = r % p.Lq, bh = r / p.Lq, h = bh % p.Hq, b = bh / p.Hq;
+    const float2 v = *reinterpret_cast<const float2*>(p.dq_accum + r * p.D + e);
+    T* dst = static_cast<T*>(p.dq) + b * p.dq_stride.b + h * p.dq_stride.h + i * p.dq_stride.l + e;
+    *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(v.x * p.scale, v.y * p.scale);
+  }
+}
+
+// dbias (dtype of the bias: fp32 or T) from its fp32 accumulator [dB, dH, dL, Lk] (contiguous);
+// with accum == nullptr it writes zeros.
+template <class T>
+__global__ void bwd_convert_dbias_kernel(BackwardParams p, const float* accum) {
+  const std::int64_t n1 = p.dbias_shape[1], n2 = p.dbias_shape[2], n3 = p.Lk;
+  const std::int64_t total = p.dbias_shape[0] * n1 * n2 * n3;
+  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t j = k % n3, i = (k / n3) % n2, h = (k / (n3 * n2)) % n1, b = k / (n3 * n2 * n1);
+    const std::int64_t off = b * p.dbias_stride.b + h * p.dbias_stride.h + i * p.dbias_stride.l + j;
+    const float v = accum != nullptr ? accum[k] : 0.f;
+    if (p.bias_is_fp32) {
+      static_cast<float*>(p.dbias)[off] = v;
+    } else {
+      static_cast<T*>(p.dbias)[off] = from_float<T>(v);
+    }
+  }
+}
+
+// --------------------------------------------------------------------------------------------
+// Main kernel.
+//   grid.x: key blocks (+ key_block_base), grid.y: b·Hkv + kvh (+ head_base).
+//   dbias_mode: 0 none, 1 direct (no broadcast: dS written as is), 2 fp32 atomics into
+//   dbias_accum [dB, dH, dL, Lk] (reduced over query rows in the warp first when dL == 1).
+struct BwdLaunchExtra {
+  int key_block_base = 0;
+  int head_base = 0;
+  int dbias_mode = 0;
+  float* dbias_accum = nullptr;
+};
+
+template <class T, class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    attention_backward_kernel(const BackwardParams p, const BwdLaunchExtra extra) {
+  constexpr int kD = Tr::kD, kBc = Tr::kBc, kBr = Tr::kBr, kRowPad = Tr::kRowPad;
+  constexpr int kNT = kBr / 8;   // n8 tiles of queries in Sᵀ
+  constexpr int kDT = kD / 8;    // n8 tiles of the head dim in dK, dV
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + kBc * kRowPad;
+  T* sQbuf = sV + kBc * kRowPad;           // [2][kBr][kRowPad]
+  T* sdObuf = sQbuf + 2 * kBr * kRowPad;   // [2][kBr][kRowPad]
+  T* sdS = sdObuf + 2 * kBr * kRowPad;     // [kBc][kDsPad]
+  float* sLse = reinterpret_cast<float*>(sdS + kBc * Tr::kDsPad);  // [2][kBr], lse (natural)
+  float* sDelta = sLse + 2 * kBr;                                   // [2][kBr]
+  std::uint16_t* sKeep = reinterpret_cast<std::uint16_t*>(sDelta + 2 * kBr);  // [2][kb64][kBr][4]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int key_block = blockIdx.x + extra.key_block_base;
+  const int y = blockIdx.y + extra.head_base;
+  const int b = y / p.Hkv, kvh = y % p.Hkv;
+  const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBc;
+
+  // Dropout key from the values or (graph replays) from device memory.
+  detail::DropoutKey rng_key{0u, 0u};
+  if (p.has_dropout) {
+    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+    const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+    rng_key = detail::dropout_key(seed, offset);
+  }
+
+  // Load this CTA's K and V tiles (rows past Lk and columns past D / Dv read as zeros).
+  {
+    const T* kg = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
+    const T* vg = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
+    constexpr int kChunks = kD / 8;
+    for (int c = tid; c < kBc * kChunks; c += Tr::kThreads) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const std::int64_t j = n0 + r;
+      const bool row_ok = j < p.Lk;
+      const std::int64_t jc = row_ok ? j : 0;
+      cp_async_16(sK + r * kRowPad + col, kg + jc * p.k_stride.l + (col < p.D ? col : 0),
+                  row_ok && col < p.D ? 16 : 0);
+      cp_async_16(sV + r * kRowPad + col, vg + jc * p.v_stride.l + (col < p.Dv ? col : 0),
+                  row_ok && col < p.Dv ? 16 : 0);
+    }
+    cp_async_commit();
+  }
+
+  // Query blocks this key block meets: all, or (causal) those with some i where n0 <= i + shift.
+  const int num_m = static_cast<int>((p.Lq + kBr - 1) / kBr);
+  int m_begin = 0;
+  if (p.causal != 0) {
+    // smallest m with m·kBr + kBr - 1 + shift >= n0
+    const std::int64_t need = n0 - p.causal_shift - (kBr - 1);
+    if (need > 0) m_begin = static_cast<int>((need + kBr - 1) / kBr);
+    if (m_begin > num_m) m_begin = num_m;
+  }
+  const int m_count = num_m - m_begin;
+  const int items = m_count * p.group;
+
+  // Issues the loads of item `it` into buffer `buf`: Q and dO tiles by cp.async; lse, delta and
+  // the dropout keep bits by plain stores.
+  auto prefetch = [&](int it, int buf) {
+    const int hg = it / m_count, m = m_begin + it % m_count;
+    const int h = kvh * p.group + hg;
+    const std::int64_t m0 = static_cast<std::int64_t>(m) * kBr;
+    const T* qg = static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h;
+    const T* dog = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h;
+    T* sQ = sQbuf + buf * kBr * kRowPad;
+    T* sdO = sdObuf + buf * kBr * kRowPad;
+    constexpr int kChunks = kD / 8;
+    for (int c = tid; c < kBr * kChunks; c += Tr::kThreads) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const std::int64_t i = m0 + r;
+      const bool row_ok = i < p.Lq;
+      const std::int64_t ic = row_ok ? i : 0;
+      cp_async_16(sQ + r * kRowPad + col, qg + ic * p.q_stride.l + (col < p.D ? col : 0),
+                  row_ok && col < p.D ? 16 : 0);
+      cp_async_16(sdO + r * kRowPad + col, dog + ic * p.dout_stride.l + (col < p.Dv ? col : 0),
+                  row_ok && col < p.Dv ? 16 : 0);
+    }
+    const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
+    for (int r = tid; r < kBr; r += Tr::kThreads) {
+      const std::int64_t i = m0 + r;
+      // 4-byte asynchronous copies: no thread waits here on a global load before the barrier.
+      const bool row_ok = i < p.Lq;
+      const std::int64_t ic = row_ok ? i : 0;
+      cp_async_4(sLse + buf * kBr + r, p.lse + b * p.lse_stride_b + h * p.lse_stride_h + ic,
+                 row_ok ? 4 : 0);
+      cp_async_4(sDelta + buf * kBr + r, p.softmax_d + bh * p.Lq + ic, row_ok ? 4 : 0);
+    }
+    if (p.has_dropout) {
+      std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBr * 4);
+      for (int c = tid; c < Tr::kKeyBlocks64 * kBr * 4; c += Tr::kThreads) {
+        const int cls = c & 3, r = (c >> 2) % kBr, kb = (c >> 2) / kBr;
+        const detail::Philox4 bits = detail::dropout_call(
+            rng_key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(m0 + r),
+            static_cast<std::uint64_t>(n0 / 64 + kb), static_cast<std::uint32_t>(cls));
+        keep[c] = static_cast<std::uint16_t>(keep_bits16_fast(bits, p.keep_threshold));
+      }
+    }
+  };
+
+  float acc_dk[kDT][4], acc_dv[kDT][4];
+#pragma unroll
+  for (int n = 0; n < kDT; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc_dk[n][r] = acc_dv[n][r] = 0.f;
+  }
+
+  const int key_row0 = warp * 16;  // this warp's keys within the block
+  const std::int64_t j_lo = n0 + key_row0 + g, j_hi = j_lo + 8;
+  const float keep_scale = p.keep_scale;
+
+  if (items > 0) {
+    prefetch(0, 0);
+    cp_async_commit();
+  }
+  for (int it = 0; it < items; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < items) prefetch(it + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const int hg = it / m_count, m = m_begin + it % m_count;
+    const int h = kvh * p.group + hg;
+    const std::int64_t m0 = static_cast<std::int64_t>(m) * kBr;
+    const T* sQ = sQbuf + buf * kBr * kRowPad;
+    const T* sdO = sdObuf + buf * kBr * kRowPad;
+    const float* lse_row = sLse + buf * kBr;
+    const float* delta = sDelta + buf * kBr;
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys × kBr queries.
+    float s[kNT][4], dp[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[n][r] = dp[n][r] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      std::uint32_t ak[4], av[4];
+      ldmatrix_x4(ak, sK + (key_row0 + (lane & 15)) * kRowPad + kk * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(av, sV + (key_row0 + (lane & 15)) * kRowPad + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n = 0; n < kNT; n += 2) {
+        std::uint32_t bq[4], bo[4];
+        const int row = (n + (lane >> 4)) * 8 + (lane & 7);
+        const int col = kk * 16 + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4(bq, sQ + row * kRowPad + col);
+        ldmatrix_x4(bo, sdO + row * kRowPad + col);
+        const std::uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+        const std::uint32_t bo0[2] = {bo[0], bo[1]}, bo1[2] = {bo[2], bo[3]};
+        mma_16816<T>(s[n], ak, bq0);
+        mma_16816<T>(s[n + 1], ak, bq1);
+        mma_16816<T>(dp[n], av, bo0);
+        mma_16816<T>(dp[n + 1], av, bo1);
+      }
+    }
+
+    // P = exp2(S·scale·log2e + bias·log2e − lse·log2e), masked; Z from the keep bits;
+    // s ← P∘Z (for dV), dp ← dS = P∘(Z∘dP − D).
+    // Masks in 32-bit tile-local terms: key row kr = key_row0 + g + 8·hh of the block is past
+    // the end when kr >= keys_left, and causally hidden from query qi when kr - qi > causal_lim.
+    const bool need_mask = (n0 + kBc > p.Lk) ||
+                           (p.causal != 0 && n0 + kBc - 1 > m0 + p.causal_shift);
+    const int keys_left = static_cast<int>(p.Lk - n0 < kBc ? p.Lk - n0 : kBc);
+    const int rows_left = static_cast<int>(p.Lq - m0 < kBr ? p.Lq - m0 : kBr);
+    const std::int64_t lim64 = p.causal != 0 ? m0 + p.causal_shift - n0 : std::int64_t{1} << 30;
+    const int causal_lim = static_cast<int>(lim64 > (1 << 30) ? (1 << 30) : (lim64 < -(1 << 30) ? -(1 << 30) : lim64));
+    const std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBr * 4);
+    const int kb64 = key_row0 / 64;
+    const int byte_lo = 2 * ((key_row0 % 64) / 8) + (g & 1);  // byte of key j_lo; j_hi: +2
+    const bool has_bias = p.bias != nullptr;
+    std::int64_t bias_tile = 0;  // element offset of (m0, j_lo) in the bias
+    if (has_bias) bias_tile = b * p.bias_stride.b + h * p.bias_stride.h + m0 * p.bias_stride.l + j_lo;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int qi = n * 8 + 2 * t + e;
+        // lse·log2e; +inf for rows past Lq or without a visible key (lse = -inf): P = 0.
+        const float lse = lse_row[qi];
+        const float l2 = (qi < rows_left && lse != -INFINITY) ? lse * kLog2e : INFINITY;
+        const float dl = delta[qi];
+        std::uint32_t kbits = 0xFFFFu;
+        if (p.has_dropout) kbits = keep[(kb64 * kBr + qi) * 4 + (g >> 1)];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 2 * hh + e;
+          const int kr = key_row0 + g + 8 * hh;
+          float bias_l2 = 0.f;
+          if (has_bias && qi < rows_left && kr < keys_left) {
+            const std::int64_t off = bias_tile + qi * p.bias_stride.l + 8 * hh;
+            bias_l2 = (p.bias_is_fp32 ? static_cast<const float*>(p.bias)[off]
+                                      : to_float(static_cast<const T*>(p.bias)[off])) *
+                      kLog2e;
+          }
+          float pv = fast_exp2(fmaf(s[n][r], p.scale_log2, bias_l2 - l2));
+          if (need_mask && (kr >= keys_left || kr - qi > causal_lim)) pv = 0.f;
+          float z = 1.f;
+          if (p.has_dropout) z = ((kbits >> (byte_lo + 2 * hh)) & 1u) ? keep_scale : 0.f;
+          s[n][r] = pv * z;
+          dp[n][r] = pv * (z * dp[n][r] - dl);
+        }
+      }
+    }
+
+    // dV += (P∘Z)ᵀ·dO and dK += dSᵀ·Q (A from registers, B by transposed ldmatrix).
+#pragma unroll
+    for (int ks = 0; ks < kBr / 16; ++ks) {
+      std::uint32_t ap[4], ads[4];
+      c_pair_to_a<T>(ap, s[2 * ks], s[2 * ks + 1]);
+      c_pair_to_a<T>(ads, dp[2 * ks], dp[2 * ks + 1]);
+      const int row = ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int n = 0; n < kDT; n += 2) {
+        const int col = n * 8 + (lane >> 4) * 8;
+        std::uint32_t bo[4], bq[4];
+        ldmatrix_x4_trans(bo, sdO + row * kRowPad + col);
+        ldmatrix_x4_trans(bq, sQ + row * kRowPad + col);
+        const std::uint32_t bo0[2] = {bo[0], bo[1]}, bo1[2] = {bo[2], bo[3]};
+        const std::uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+        mma_16816<T>(acc_dv[n], ap, bo0);
+        mma_16816<T>(acc_dv[n + 1], ap, bo1);
+        mma_16816<T>(acc_dk[n], ads, bq0);
+        mma_16816<T>(acc_dk[n + 1], ads, bq1);
+      }
+    }
+
+    // dSᵀ to shared memory (for dQ) and dbias.
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      // element (key g, queries 2t, 2t+1) are dp[n][0], dp[n][1] with rows = keys: the smem
+      // layout is [key][query], so the pair is contiguous.
+      const int qc = n * 8 + 2 * t;
+      *reinterpret_cast<std::uint32_t*>(sdS + (key_row0 + g) * Tr::kDsPad + qc) =
+          pack2<T>(dp[n][0], dp[n][1]);
+      *reinterpret_cast<std::uint32_t*>(sdS + (key_row0 + g + 8) * Tr::kDsPad + qc) =
+          pack2<T>(dp[n][2], dp[n][3]);
+    }
+    if (extra.dbias_mode == 1) {
+      const std::int64_t base = b * p.dbias_stride.b + h * p.dbias_stride.h;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const std::int64_t i = m0 + n * 8 + 2 * t + (r & 1);
+          const std::int64_t j = (r >> 1) ? j_hi : j_lo;
+          if (i < p.Lq && j < p.Lk) {
+            const std::int64_t off = base + i * p.dbias_stride.l + j;
+            if (p.bias_is_fp32) static_cast<float*>(p.dbias)[off] = dp[n][r];
+            else static_cast<T*>(p.dbias)[off] = from_float<T>(dp[n][r]);
+          }
+        }
+      }
+    } else if (extra.dbias_mode == 2) {
+      const std::int64_t db = p.dbias_shape[0] == 1 ? 0 : b;
+      const std::int64_t dh = p.dbias_shape[1] == 1 ? 0 : h;
+      const std::int64_t row_base = (db * p.dbias_shape[1] + dh) * p.dbias_shape[2];
+      if (p.dbias_shape[2] == 1 && p.Lq > 1) {
+        // Broadcast over query rows: sum this warp's columns, then over the 4 lanes of a row.
+        float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          sum_lo += dp[n][0] + dp[n][1];
+          sum_hi += dp[n][2] + dp[n][3];
+        }
+#pragma unroll
+        for (int sh = 1; sh < 4; sh <<= 1) {
+          sum_lo += __shfl_xor_sync(0xFFFFFFFFu, sum_lo, sh);
+          sum_hi += __shfl_xor_sync(0xFFFFFFFFu, sum_hi, sh);
+        }
+        if (t == 0) {
+          if (j_lo < p.Lk) atomicAdd(extra.dbias_accum + row_base * p.Lk + j_lo, sum_lo);
+          if (j_hi < p.Lk) atomicAdd(extra.dbias_accum + row_base * p.Lk + j_hi, sum_hi);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const std::int64_t i = m0 + n * 8 + 2 * t + (r & 1);
+            const std::int64_t j = (r >> 1) ? j_hi : j_lo;
+            if (i < p.Lq && j < p.Lk) {
+              atomicAdd(extra.dbias_accum + (row_base + i) * p.Lk + j, dp[n][r]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // dQ (kBr × kD) += dS·K: warp (wm, wn) owns 16 query rows × kDqCols columns.
+    {
+      constexpr int kCT = Tr::kDqCols / 8;
+      const int wm = warp % Tr::kWarpsM, wn = warp / Tr::kWarpsM;
+      float acc_dq[kCT][4];
+#pragma unroll
+      for (int n = 0; n < kCT; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc_dq[n][r] = 0.f;
+      }
+#pragma unroll
+      for (int ks = 0; ks < kBc / 16; ++ks) {
+        std::uint32_t a[4];
+        // A(row = query, k = key) from dSᵀ [key][query] by a transposed load.
+        ldmatrix_x4_trans(a, sdS + (ks * 16 + (lane & 7) + (lane >> 4) * 8) * Tr::kDsPad +
+                                 wm * 16 + ((lane >> 3) & 1) * 8);
+        const int krow = ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int n = 0; n < kCT; n += 2) {
+          std::uint32_t bk[4];
+          ldmatrix_x4_trans(bk, sK + krow * kRowPad + wn * Tr::kDqCols + n * 8 + (lane >> 4) * 8);
+          const std::uint32_t bk0[2] = {bk[0], bk[1]}, bk1[2] = {bk[2], bk[3]};
+          mma_16816<T>(acc_dq[n], a, bk0);
+          mma_16816<T>(acc_dq[n + 1], a, bk1);
+        }
+      }
+      const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
+      float* dq_rows = p.dq_accum + (bh * p.Lq + m0) * p.D;
+#pragma unroll
+      for (int n = 0; n < kCT; ++n) {
+        const int col = wn * Tr::kDqCols + n * 8 + 2 * t;
+        if (col >= p.D) continue;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = wm * 16 + g + 8 * hh;
+          if (m0 + r < p.Lq) {
+            red_add2(dq_rows + static_cast<std::int64_t>(r) * p.D + col, acc_dq[n][2 * hh],
+                     acc_dq[n][2 * hh + 1]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // dK = scale · Σ dSᵀ·Q, dV = Σ (P∘Z)ᵀ·dO, in the output dtype.
+  T* dk = static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h;
+  T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h;
+#pragma unroll
+  for (int n = 0; n < kDT; ++n) {
+    const int col = n * 8 + 2 * t;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const std::int64_t j = hh ? j_hi : j_lo;
+      if (j >= p.Lk) continue;
+      if (col < p.D) {
+        *reinterpret_cast<std::uint32_t*>(dk + j * p.dk_stride.l + col) =
+            pack2<T>(acc_dk[n][2 * hh] * p.scale, acc_dk[n][2 * hh + 1] * p.scale);
+      }
+      if (col < p.Dv) {
+        *reinterpret_cast<std::uint32_t*>(dv + j * p.dv_stride.l + col) =
+            pack2<T>(acc_dv[n][2 * hh], acc_dv[n][2 * hh + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace memeff::cuda

@@ -1,0 +1,133 @@
+// Host side of one backward instantiation: tile shapes per head-dim bucket, workspace carving,
+// and the launch sequence preprocess -> main kernel -> converts (deterministic mode replaces the
+// one big main launch by a fixed sequence of launches so every fp32 atomic lands in one order).
+// Included only by the per-instantiation files src/cuda/inst/bwd_*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda/kernels/bwd_dispatch.cuh"
+#include "cuda/kernels/bwd_kernel.cuh"
+#include "memeff/error.h"
+
+namespace memeff::cuda {
+
+// Tile shapes per head-dim bucket (keys per CTA, queries per step, CTAs per SM):
+//   64:  128 keys (8 warps), 32 queries, 2 CTAs per SM (128 registers, 48 bytes spilled).
+//        H200, bf16, bert-base: 96 TFLOP/s; 64 keys x 64 queries x 2 CTAs measured 102 and
+//        128 x 64 x 1 CTA 102 in the same run (bench/cuda_bwd_bench.cu variants); switch once
+//        the gpu tests have run on the new shape.
+//   128: 128 keys (8 warps), 64 queries, ~157 KB smem, 1 CTA per SM
+//   256: 64 keys (4 warps), 16 queries; correct, not tuned (dK/dV accumulators of 256 floats
+//        per thread spill: 828 bytes; 32 queries spilled 1632)
+template <int kHeadDim>
+struct BwdConfig;
+template <>
+struct BwdConfig<64> {
+  using Traits = BwdTraits<64, 128, 32, 2>;
+};
+template <>
+struct BwdConfig<128> {
+  using Traits = BwdTraits<128, 128, 64, 1>;
+};
+template <>
+struct BwdConfig<256> {
+  using Traits = BwdTraits<256, 64, 16, 1>;
+};
+
+inline void bwd_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+inline unsigned bwd_grid_1d(std::int64_t work, int per_block) {
+  const std::int64_t blocks = (work + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65535));
+}
+
+// The launch sequence for one tile shape (the benchmark also calls it with candidate shapes).
+template <class T, class Tr>
+void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
+  const BwdWorkspace ws = backward_workspace_layout(p);
+  auto* base = static_cast<unsigned char*>(workspace);
+  p.softmax_d = reinterpret_cast<float*>(base + ws.softmax_d);
+  p.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  BwdLaunchExtra extra;
+  extra.dbias_mode = ws.dbias_mode;
+  extra.dbias_accum = ws.dbias_mode == 2 ? reinterpret_cast<float*>(base + ws.dbias_accum) : nullptr;
+
+  // 1. softmax_d, zeroed accumulators (and a zeroed dbias where it is written tile by tile).
+  const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
+  bwd_preprocess_kernel<T><<<bwd_grid_1d(rows, 8), 256, 0, stream>>>(
+      p, extra.dbias_accum, ws.dbias_accum_elems);
+  bwd_check(cudaGetLastError(), "bwd_preprocess_kernel launch");
+  const std::int64_t dbias_elems =
+      static_cast<std::int64_t>(p.dbias_shape[0]) * p.dbias_shape[1] * p.dbias_shape[2] * p.Lk;
+  if (ws.dbias_mode == 1) {  // causal-skipped tiles are never visited: start from zeros
+    bwd_convert_dbias_kernel<T><<<bwd_grid_1d(dbias_elems, 256), 256, 0, stream>>>(p, nullptr);
+    bwd_check(cudaGetLastError(), "bwd_convert_dbias_kernel (zero) launch");
+  }
+
+  // 2. main kernel.
+  auto kernel = attention_backward_kernel<T, Tr>;
+  static std::atomic<unsigned long long> opted_in{0};
+  int device = 0;
+  bwd_check(cudaGetDevice(&device), "cudaGetDevice");
+  const unsigned long long bit = 1ull << (device & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    bwd_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   Tr::kSmemBytes),
+              "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const int key_blocks = static_cast<int>((p.Lk + Tr::kBc - 1) / Tr::kBc);
+  const int heads = p.B * p.Hkv;
+  if (!p.deterministic) {
+    kernel<<<dim3(key_blocks, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+    bwd_check(cudaGetLastError(), "attention_backward_kernel launch");
+  } else {
+    // One launch per key block: each dq_accum element then receives one atomic per launch, in
+    // key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also
+    // needs one CTA per launch.
+    const bool dbias_cross_cta =
+        ws.dbias_mode == 2 && ((p.dbias_shape[0] == 1 && p.B > 1) ||
+                               (p.dbias_shape[1] == 1 && p.Hkv > 1));
+    for (int n = 0; n < key_blocks; ++n) {
+      extra.key_block_base = n;
+      if (!dbias_cross_cta) {
+        extra.head_base = 0;
+        kernel<<<dim3(1, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+        bwd_check(cudaGetLastError(), "attention_backward_kernel launch");
+      } else {
+        for (int y = 0; y < heads; ++y) {
+          extra.head_base = y;
+          kernel<<<dim3(1, 1), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+          bwd_check(cudaGetLastError(), "attention_backward_kernel launch");
+        }
+      }
+    }
+  }
+
+  // 3. dq (and a reduced dbias) in the output dtype.
+  bwd_convert_dq_kernel<T><<<bwd_grid_1d(rows * (p.D / 2), 256), 256, 0, stream>>>(p);
+  bwd_check(cudaGetLastError(), "bwd_convert_dq_kernel launch");
+  if (ws.dbias_mode == 2) {
+    bwd_convert_dbias_kernel<T><<<bwd_grid_1d(dbias_elems, 256), 256, 0, stream>>>(
+        p, extra.dbias_accum);
+    bwd_check(cudaGetLastError(), "bwd_convert_dbias_kernel launch");
+  }
+}
+
+template <class T, int kHeadDim>
+void run_backward(BackwardParams p, void* workspace, cudaStream_t stream) {
+  run_backward_with<T, typename BwdConfig<kHeadDim>::Traits>(p, workspace, stream);
+}
+
+}  // namespace memeff::cuda

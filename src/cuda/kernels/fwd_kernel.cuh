@@ -1,0 +1,422 @@
+// The fused attention forward kernel (FlashAttention-2 style, mma.sync m16n8k16): one thread
+// block owns kBlockM query rows of one (batch, head); K/V tiles of 64 keys stream through
+// double-buffered, XOR-swizzled shared memory; softmax is online in registers; dropout is applied
+// to the packed P fragment with the bytes of the shared map (core/dropout_map.h: one Philox call
+// per row per 64 keys per lane, the S orientation of dropout_frag.cuh) before P·V.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/dropout_map.h"
+#include "cuda/kernels/mma.cuh"
+#include "cuda/params.h"
+
+namespace memeff::cuda {
+
+// Tile shape of one instantiation. kHeadDim bounds both D and Dv (zero-filled beyond them).
+template <int kHeadDim_, int kBlockM_, int kWarps_, int kMinBlocks_>
+struct FwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = 64;  // = the dropout map's column block: one Philox call per row
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per row
+  static constexpr int kDTiles = kHeadDim / 8;       // n8 tiles of O per row
+  static constexpr int kKSteps = kHeadDim / 16;      // k16 steps of Q·Kᵀ
+  static constexpr int kChunks = kHeadDim / 8;       // 16-byte chunks per smem row
+  // Q fragments stay in registers when they are few (hd64); otherwise they are re-read from
+  // shared memory each tile (as FlashAttention-2 does), which keeps O and S in registers.
+  static constexpr bool kQInRegs = kMTiles * kKSteps * 4 <= 32;
+  static constexpr int kSmemQ = kBlockM * kHeadDim;  // elements
+  static constexpr int kSmemKV = kBlockN * kHeadDim;
+  static constexpr int kSmemBytes = (kSmemQ + 4 * kSmemKV) * 2;  // Q + 2 K + 2 V buffers
+  static_assert(kRowsPerWarp % 16 == 0 && kChunks >= 8 && kDTiles % 2 == 0);
+  static_assert((kBlockM * kChunks) % kThreads == 0 && (kBlockN * kChunks) % kThreads == 0);
+};
+
+// Element offset of (row, 16-byte chunk) in a tile with kHeadDim columns: chunks are XORed with
+// row % 8, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
+template <int kHeadDim>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copies rows [0, kRows) x columns [0, kHeadDim) of a tile with cp.async; rows >= rows_valid
+// and columns >= cols_valid are zero-filled (cols_valid is a multiple of 8). Each thread owns one
+// chunk column and every kRowsPerIter-th row, so its swizzle is fixed and its source pointer
+// advances by one running add per row (nothing for the compiler to hoist into registers).
+template <class Tr, int kRows, class T>
+__device__ __forceinline__ void load_tile(std::uint32_t smem_tile, const T* gmem,
+                                          std::int64_t row_stride, std::int64_t rows_valid,
+                                          int cols_valid, int tid) {
+  constexpr int kRowsPerIter = Tr::kThreads / Tr::kChunks;
+  static_assert(Tr::kThreads % Tr::kChunks == 0 && kRowsPerIter % 8 == 0 && kRows % kRowsPerIter == 0);
+  const int chunk = tid % Tr::kChunks, row0 = tid / Tr::kChunks;
+  const bool col_ok = chunk * 8 < cols_valid;
+  const std::int64_t rem = rows_valid - row0;
+  const T* src = gmem + row0 * row_stride + chunk * 8;
+  const std::int64_t step = kRowsPerIter * row_stride;
+  const std::uint32_t dst = smem_tile + row0 * (Tr::kHeadDim * 2) + ((chunk ^ (row0 & 7)) << 4);
+#pragma unroll
+  for (int it = 0; it < kRows / kRowsPerIter; ++it) {
+    const bool valid = col_ok && it * kRowsPerIter < rem;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     dst + it * kRowsPerIter * (Tr::kHeadDim * 2)),
+                 "l"(valid ? src : gmem), "r"(valid ? 16 : 0));
+    src += step;
+  }
+}
+
+// ldmatrix on a precomputed 32-bit shared-memory address (immediates fold into the instruction).
+__device__ __forceinline__ void ldmatrix_x4_addr(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_addr(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 2^x with flush-to-zero (one MUFU.EX2; exp2f adds denormal handling): 2^-inf = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Per byte of x: most significant bit set where byte < the matching byte of t4 (unsigned), with
+// t4_low = t4 & 0x7F7F7F7F. SWAR: compare the low 7 bits with a borrow-free subtraction, then
+// resolve with the top bits. Compiles to a few LOP3/IADD, cheaper than __vcmpltu4 + bit gathering.
+__device__ __forceinline__ std::uint32_t bytes_below(std::uint32_t x, std::uint32_t t4,
+                                                     std::uint32_t t4_low) {
+  const std::uint32_t d = (x | 0x80808080u) - t4_low;  // msb: (x & 0x7F) >= (t & 0x7F)
+  return ((~x & t4) | (~(x ^ t4) & ~d)) & 0x80808080u;
+}
+
+// prmt.b32 with sign replication: selector nibbles 8..B copy the msb of byte 0..3 into a byte.
+__device__ __forceinline__ std::uint32_t spread_msb(std::uint32_t x, std::uint32_t selector) {
+  std::uint32_t y;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(y) : "r"(x), "r"(selector));
+  return y;
+}
+
+template <class T>
+__device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::int64_t index) {
+  return is_fp32 ? __ldg(static_cast<const float*>(bias) + index)
+                 : to_float<T>(static_cast<const T*>(bias)[index]);
+}
+
+template <class T, class Tr, bool kDropout>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    attention_forward_kernel(const ForwardParams p) {
+  constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles, kDT = Tr::kDTiles, kHD = Tr::kHeadDim;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kNegInf = -INFINITY;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const sQ = reinterpret_cast<T*>(smem_raw);
+  T* const sK = sQ + Tr::kSmemQ;        // two buffers of kSmemKV
+  T* const sV = sK + 2 * Tr::kSmemKV;   // two buffers of kSmemKV
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int bh = blockIdx.x;
+  const int b = bh / p.Hq, h = bh % p.Hq, kvh = h / p.group;
+  // Heaviest query blocks (most keys under a causal mask) are scheduled first.
+  const std::int64_t m0 = static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y) * Tr::kBlockM;
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h + m0 * p.q_stride.l;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
+
+  std::int64_t n_end = p.Lk;  // keys [0, n_end) can be visible to some row of this block
+  if (p.causal) n_end = min(n_end, m0 + Tr::kBlockM + p.causal_shift);
+  const int n_tiles = n_end > 0 ? static_cast<int>((n_end + Tr::kBlockN - 1) / Tr::kBlockN) : 0;
+
+  // Prologue: groups {Q, K0} and {V0}.
+  load_tile<Tr, Tr::kBlockM>(smem_addr(sQ), q, p.q_stride.l, p.Lq - m0, p.D, tid);
+  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sK), k, p.k_stride.l, p.Lk, p.D, tid);
+  cp_async_commit();
+  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sV), v, p.v_stride.l, p.Lk, p.Dv, tid);
+  cp_async_commit();
+
+  // Scores are kept as x = q·k (fast path) or x = scale·q·k + bias (premul) and exponentiated as
+  // exp2(x·f - m·f): f folds the scale and log2(e). premul also covers scale <= 0, where the
+  // maximum of q·k is not the maximum of the scores.
+  const bool has_bias = p.bias != nullptr;
+  const bool premul = has_bias || !(p.scale > 0.0f);
+  const float f = premul ? kLog2e : p.scale_log2;
+  const float m_to_natural = premul ? 1.0f : p.scale;
+
+  detail::DropoutKey key{0, 0};
+  if constexpr (kDropout) {
+    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+    const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+    key = detail::dropout_key(seed, offset);
+  }
+  const std::uint32_t thr4 = p.keep_threshold * 0x01010101u;  // used with dropout (threshold < 256)
+  const std::uint32_t thr4_low = thr4 & 0x7F7F7F7Fu;
+
+  const int warp_row0 = warp * Tr::kRowsPerWarp;  // first row of this warp in the block
+  const std::int64_t causal_shift = p.causal_shift;
+
+  float o[kMT][kDT][4];
+  float row_m[kMT][2], row_l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.0f;
+    row_m[mt][0] = row_m[mt][1] = kNegInf;
+    row_l[mt][0] = row_l[mt][1] = 0.0f;
+  }
+
+  // ldmatrix row addresses: lane L feeds row L % 8 of matrix L / 8. Every row a lane addresses
+  // is congruent to lm_row mod 8, so its swizzled chunk is 8·(c / 8) + ((c % 8) ^ lm_row): one
+  // base address per tile plus four per-thread chunk offsets (xor_lo / xor_hi below, for the
+  // chunk parities of the two operand patterns) and compile-time immediates.
+  const int lm_mat = lane >> 3, lm_row = lane & 7;
+  constexpr int kRowBytes = kHD * 2;
+  // Byte offset of chunk 2x + c (x in 0..3) within its 8-chunk group, swizzled by lm_row.
+  auto chunk_off = [&](int x, int c) { return (((2 * x + c) ^ lm_row) << 4); };
+  int off_a[4], off_b[4];  // c = lm_mat >> 1 (Q, V) and c = lm_mat & 1 (K)
+#pragma unroll
+  for (int x = 0; x < 4; ++x) {
+    off_a[x] = chunk_off(x, lm_mat >> 1);
+    off_b[x] = chunk_off(x, lm_mat & 1);
+  }
+  const std::uint32_t sQ_addr = smem_addr(sQ) + (warp_row0 + (lm_mat & 1) * 8 + lm_row) * kRowBytes;
+  const std::uint32_t sK_addr = smem_addr(sK) + ((lm_mat >> 1) * 8 + lm_row) * kRowBytes;
+  const std::uint32_t sV_addr = smem_addr(sV) + ((lm_mat & 1) * 8 + lm_row) * kRowBytes;
+  auto load_q_frag = [&](std::uint32_t(&a)[4], int mt, int ks) {
+    ldmatrix_x4_addr(a, sQ_addr + mt * 16 * kRowBytes + (ks >> 2) * 128 + off_a[ks & 3]);
+  };
+  std::uint32_t qf[Tr::kQInRegs ? kMT : 1][Tr::kQInRegs ? Tr::kKSteps : 1][4];
+  if constexpr (Tr::kQInRegs) {
+    cp_async_wait<1>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int ks = 0; ks < Tr::kKSteps; ++ks) load_q_frag(qf[mt][ks], mt, ks);
+  }
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it & 1;
+    const std::int64_t n0 = static_cast<std::int64_t>(it) * Tr::kBlockN;
+
+    cp_async_wait<1>();  // K[it] has landed (V[it] may still be in flight)
+    __syncthreads();     // ... for every thread; and everyone is done with buffers buf ^ 1
+    if (it + 1 < n_tiles) {
+      load_tile<Tr, Tr::kBlockN>(smem_addr(sK + (buf ^ 1) * Tr::kSmemKV), k + (n0 + Tr::kBlockN) * p.k_stride.l,
+                                 p.k_stride.l, p.Lk - n0 - Tr::kBlockN, p.D, tid);
+    }
+    cp_async_commit();
+
+    // S = Q·Kᵀ for this warp's rows and the tile's 64 keys.
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      std::uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[mt][r] = qf[mt][ks][r];
+        } else {
+          load_q_frag(a[mt], mt, ks);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        std::uint32_t kb[4];
+        ldmatrix_x4_addr(kb, sK_addr + buf * (Tr::kSmemKV * 2) + np * 16 * kRowBytes +
+                                 (ks >> 2) * 128 + off_b[ks & 3]);
+        const std::uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], a[mt], b0);
+          mma_16816<T>(s[mt][2 * np + 1], a[mt], b1);
+        }
+      }
+    }
+
+    // Bias, then the mask (past Lk, causal) on the tiles that need it.
+    if (has_bias) {
+      const std::int64_t bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const std::int64_t i = m0 + warp_row0 + mt * 16 + g + 8 * hh;
+          const std::int64_t row_base = bias_base + i * p.bias_stride.l;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const std::int64_t j = n0 + 8 * n + 2 * t + e;
+              const float bv =
+                  (i < p.Lq && j < p.Lk) ? load_bias<T>(p.bias, p.bias_is_fp32, row_base + j) : 0.0f;
+              s[mt][n][2 * hh + e] = fmaf(s[mt][n][2 * hh + e], p.scale, bv);
+            }
+        }
+    } else if (premul) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) s[mt][n][r] *= p.scale;
+    }
+    const bool need_mask = n0 + Tr::kBlockN > p.Lk ||
+                           (p.causal && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
+    if (need_mask) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const std::int64_t i = m0 + warp_row0 + mt * 16 + g + 8 * hh;
+          const std::int64_t j_limit = p.causal ? min(p.Lk, i + causal_shift + 1) : p.Lk;
+          // Visible columns of this lane within the tile: 8n + e < lim.
+          const int lim = static_cast<int>(max(min(j_limit - n0 - 2 * t, std::int64_t{64}), std::int64_t{0}));
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (8 * n + e >= lim) s[mt][n][2 * hh + e] = kNegInf;
+            }
+        }
+    }
+
+    // Online softmax: new row maxima, rescale O and the partial row sums, P = exp2(x·f - m·f),
+    // packed to 16-bit pairs right away (pk[mt][n][hh] = row g + 8·hh, columns 8n + 2t + 0/1).
+    std::uint32_t pk[kMT][kNT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = row_m[mt][hh];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+        // A row with nothing visible yet keeps m = -inf; exponentiate against 0 so masked
+        // entries give exp2(-inf) = 0 and never -inf - -inf.
+        const float m_scaled = mx == kNegInf ? 0.0f : mx * f;
+        const float alpha = fast_exp2(row_m[mt][hh] * f - m_scaled);  // f > 0: -inf stays -inf
+        row_m[mt][hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          const float p0 = fast_exp2(fmaf(s[mt][n][2 * hh], f, -m_scaled));
+          const float p1 = fast_exp2(fmaf(s[mt][n][2 * hh + 1], f, -m_scaled));
+          sum += p0 + p1;
+          pk[mt][n][hh] = pack2<T>(p0, p1);
+        }
+        row_l[mt][hh] = row_l[mt][hh] * alpha + sum;
+#pragma unroll
+        for (int d = 0; d < kDT; ++d) {
+          o[mt][d][2 * hh] *= alpha;
+          o[mt][d][2 * hh + 1] *= alpha;
+        }
+        if constexpr (kDropout) {
+          // The row sum above used the undropped P; kept values get keep_scale at the end.
+          // Byte 2n + e of this row's Philox call decides column 8n + 2t + e (dropout_map.h):
+          // word n / 2, bytes 2·(n % 2) + e; their keep flags become 16-bit lane masks.
+          const std::uint32_t row = static_cast<std::uint32_t>(m0 + warp_row0 + mt * 16 + g + 8 * hh);
+          const detail::Philox4 r =
+              detail::dropout_call(key, static_cast<std::uint64_t>(bh), row,
+                                   static_cast<std::uint64_t>(it), static_cast<std::uint32_t>(t));
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const std::uint32_t keep = bytes_below(r.x[w], thr4, thr4_low);
+            pk[mt][2 * w][hh] &= spread_msb(keep, 0x9988u);
+            pk[mt][2 * w + 1][hh] &= spread_msb(keep, 0xBBAAu);
+          }
+        }
+      }
+
+    cp_async_wait<1>();  // V[it] has landed (K[it + 1] may still be in flight)
+    __syncthreads();
+    if (it + 1 < n_tiles) {
+      load_tile<Tr, Tr::kBlockN>(smem_addr(sV + (buf ^ 1) * Tr::kSmemKV), v + (n0 + Tr::kBlockN) * p.v_stride.l,
+                                 p.v_stride.l, p.Lk - n0 - Tr::kBlockN, p.Dv, tid);
+    }
+    cp_async_commit();
+
+    // O += P·V: P's C fragments are A fragments of the next product (16 keys per k step).
+#pragma unroll
+    for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
+      std::uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = pk[mt][2 * ks][0];
+        a[mt][1] = pk[mt][2 * ks][1];
+        a[mt][2] = pk[mt][2 * ks + 1][0];
+        a[mt][3] = pk[mt][2 * ks + 1][1];
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        std::uint32_t vb[4];
+        ldmatrix_x4_trans_addr(vb, sV_addr + buf * (Tr::kSmemKV * 2) + ks * 16 * kRowBytes +
+                                       (dp >> 2) * 128 + off_a[dp & 3]);
+        const std::uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], a[mt], b0);
+          mma_16816<T>(o[mt][2 * dp + 1], a[mt], b1);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O / l (times keep_scale), lse = m + ln l in natural units; empty rows give 0, -inf.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with sQ, sK, sV: sQ becomes the output staging tile
+  const float keep_scale = kDropout ? p.keep_scale : 1.0f;
+  float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_l[mt][hh];
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+      const bool empty = !(l > 0.0f);
+      const float inv = empty ? 0.0f : keep_scale / l;
+      const int row = warp_row0 + mt * 16 + g + 8 * hh;
+      if (t == 0 && m0 + row < p.Lq) {
+        lse_row[m0 + row] = empty ? kNegInf : row_m[mt][hh] * m_to_natural + logf(l);
+      }
+#pragma unroll
+      for (int d = 0; d < kDT; ++d) {
+        const std::uint32_t packed = pack2<T>(o[mt][d][2 * hh] * inv, o[mt][d][2 * hh + 1] * inv);
+        *reinterpret_cast<std::uint32_t*>(sQ + swz<kHD>(row, d) + 2 * t) = packed;
+      }
+    }
+  __syncthreads();
+  T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + m0 * p.out_stride.l;
+  constexpr int kIters = Tr::kBlockM * Tr::kChunks / Tr::kThreads;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = it * Tr::kThreads + tid;
+    const int row = idx / Tr::kChunks, chunk = idx % Tr::kChunks;
+    if (m0 + row < p.Lq && chunk * 8 < p.Dv) {
+      *reinterpret_cast<uint4*>(out + row * p.out_stride.l + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sQ + swz<kHD>(row, chunk));
+    }
+  }
+}
+
+}  // namespace memeff::cuda

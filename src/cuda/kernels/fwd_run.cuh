@@ -1,0 +1,74 @@
+// Host side of one forward instantiation: the tile shape chosen per head-dim bucket, the
+// dropout switch turned into a template argument, the shared-memory opt-in and the launch.
+// Included only by the per-instantiation files in src/cuda/inst/ (one dtype x head dim each).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "cuda/kernels/fwd_dispatch.cuh"
+#include "cuda/kernels/fwd_kernel.cuh"
+#include "memeff/error.h"
+
+namespace memeff::cuda {
+
+// Tile shapes per head-dim bucket (FlashAttention-2's choices for mma.sync):
+//   64:  128 rows, 4 warps (32 rows each, Q in registers), 48 KB smem
+//   128: 128 rows, 4 warps (32 rows each, Q from smem), 96 KB smem, 2 blocks per SM
+//   256: 128 rows, 8 warps (16 rows each, Q from smem), 192 KB smem, 1 block per SM
+// Measured on the H200 (bf16, anchor shapes, 2026-12-02): for hd64 and hd128, 8 warps x 16 rows
+// was 25-35% slower (each warp re-reads all of K and V from smem) and 64-row blocks 10-25% slower.
+template <int kHeadDim>
+struct FwdConfig;
+template <>
+struct FwdConfig<64> {
+  using Traits = FwdTraits<64, 128, 4, 2>;
+};
+template <>
+struct FwdConfig<128> {
+  using Traits = FwdTraits<128, 128, 4, 2>;
+};
+template <>
+struct FwdConfig<256> {
+  using Traits = FwdTraits<256, 128, 8, 1>;
+};
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+template <class T, class Tr, bool kDropout>
+void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
+  auto kernel = attention_forward_kernel<T, Tr, kDropout>;
+  // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
+  static std::atomic<unsigned long long> opted_in{0};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const unsigned long long bit = 1ull << (device & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Tr::kSmemBytes),
+               "cudaFuncSetAttribute(forward kernel, max dynamic shared memory)");
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const dim3 grid(static_cast<unsigned>(params.B * params.Hq),
+                  static_cast<unsigned>((params.Lq + Tr::kBlockM - 1) / Tr::kBlockM));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params);
+  check_cuda(cudaGetLastError(), "attention_forward_kernel launch");
+}
+
+template <class T, int kHeadDim>
+void run_forward(const ForwardParams& params, cudaStream_t stream) {
+  using Tr = typename FwdConfig<kHeadDim>::Traits;
+  if (params.has_dropout) {
+    launch_forward_kernel<T, Tr, true>(params, stream);
+  } else {
+    launch_forward_kernel<T, Tr, false>(params, stream);
+  }
+}
+
+}  // namespace memeff::cuda

@@ -1,0 +1,432 @@
+// The fused cuda backward against the double-precision reference backward on the same rounded
+// inputs and the same dropout mask: awkward lengths, Lq != Lk, head dims, causal both ways with
+// dropout over many key tiles (PyTorch PR #103704's bug), bias broadcasts with dbias, GQA, BLHD
+// strides, fp16 and bf16, seeds from device memory, and bitwise repeatable deterministic mode.
+// Gradients are poisoned with NaN first, so unwritten elements fail.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/host_tensor.h"
+#include "cuda/device_tensor.h"
+#include "cuda/launch/launch.h"
+#include "memeff/attention.h"
+#include "memeff/error.h"
+
+namespace memeff {
+namespace {
+
+using test::HostTensor;
+using test::Layout;
+using test::DeviceTensor;
+using test::cuda_device_present;
+
+HostTensor to_dtype(const HostTensor& t, DType dtype, Layout layout = Layout::bhld) {
+  std::vector<std::int64_t> shape(t.view.shape.begin(), t.view.shape.begin() + t.view.rank);
+  HostTensor d(dtype, shape, layout);
+  for (std::int64_t i = 0; i < t.numel(); ++i) d.set(i, t.get(i));
+  return d;
+}
+
+struct Case {
+  DType dtype = DType::bf16;
+  std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 64, Lk = 64, D = 64, Dv = 64;
+  CausalMode causal = CausalMode::none;
+  double p = 0.0;
+  std::string bias = "none";  // "bhqk" with '1' for broadcast dims
+  DType bias_dtype = DType::f32;
+  Layout layout = Layout::bhld;
+  std::uint64_t seed = 1234, offset = 0;
+  bool deterministic = false;
+  bool device_rng = false;  // seed and offset from device memory
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Lq=" << Lq
+       << " Lk=" << Lk << " D=" << D << " Dv=" << Dv << " causal=" << causal_mode_name(causal)
+       << " p=" << p << " bias=" << bias
+       << (bias != "none" ? std::string("/") + dtype_name(bias_dtype) : "")
+       << (layout == Layout::blhd ? " blhd" : " bhld") << (deterministic ? " deterministic" : "")
+       << (device_rng ? " device-rng" : "");
+    return os.str();
+  }
+};
+
+// Inputs, the reference's gradients (double) and the cuda backend's (storage dtype).
+struct Grads {
+  HostTensor dq, dk, dv, dbias;
+};
+struct BwdProblem {
+  HostTensor q, k, v, bias, dout, out, lse;
+  Grads ref;
+};
+
+BwdProblem make_problem(const Case& c, std::uint64_t data_seed, std::uint64_t ref_seed) {
+  std::mt19937_64 rng(data_seed);
+  BwdProblem pr;
+  pr.q = HostTensor(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout);
+  pr.k = HostTensor(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout);
+  pr.v = HostTensor(c.dtype, {c.B, c.Hkv, c.Lk, c.Dv}, c.layout);
+  pr.dout = HostTensor(c.dtype, {c.B, c.Hq, c.Lq, c.Dv}, c.layout);
+  test::fill_uniform(pr.q, rng, -1.0, 1.0);
+  test::fill_uniform(pr.k, rng, -1.0, 1.0);
+  test::fill_uniform(pr.v, rng, -1.0, 1.0);
+  test::fill_uniform(pr.dout, rng, -1.0, 1.0);
+  if (c.bias != "none") {
+    pr.bias = HostTensor(c.bias_dtype, {c.bias[0] == '1' ? 1 : c.B, c.bias[1] == '1' ? 1 : c.Hq,
+                                        c.bias[2] == '1' ? 1 : c.Lq, c.Lk});
+    test::fill_uniform(pr.bias, rng, -2.0, 2.0);
+  }
+  // Reference forward and backward on the same rounded values, in double.
+  HostTensor q64 = to_dtype(pr.q, DType::f64), k64 = to_dtype(pr.k, DType::f64),
+             v64 = to_dtype(pr.v, DType::f64), dout64 = to_dtype(pr.dout, DType::f64), bias64;
+  AttentionArgs args;
+  args.q = q64.view;
+  args.k = k64.view;
+  args.v = v64.view;
+  if (c.bias != "none") {
+    bias64 = to_dtype(pr.bias, DType::f64);
+    args.bias = bias64.view;
+  }
+  args.causal = c.causal;
+  args.dropout_p = c.p;
+  args.rng.seed = ref_seed;
+  args.rng.offset = c.offset;
+  HostTensor out64(DType::f64, {c.B, c.Hq, c.Lq, c.Dv});
+  pr.lse = HostTensor(DType::f32, {c.B, c.Hq, c.Lq});
+  Options ref_opt;
+  ref_opt.backends = {"reference"};
+  forward(args, out64.view, pr.lse.view, ref_opt);
+  pr.out = to_dtype(out64, c.dtype, c.layout);
+
+  pr.ref.dq = HostTensor(DType::f64, {c.B, c.Hq, c.Lq, c.D});
+  pr.ref.dk = HostTensor(DType::f64, {c.B, c.Hkv, c.Lk, c.D});
+  pr.ref.dv = HostTensor(DType::f64, {c.B, c.Hkv, c.Lk, c.Dv});
+  BackwardTensors g;
+  g.dout = dout64.view;
+  g.out = out64.view;
+  g.lse = pr.lse.view;
+  g.dq = pr.ref.dq.view;
+  g.dk = pr.ref.dk.view;
+  g.dv = pr.ref.dv.view;
+  if (c.bias != "none") {
+    std::vector<std::int64_t> shape(pr.bias.view.shape.begin(), pr.bias.view.shape.begin() + 4);
+    pr.ref.dbias = HostTensor(DType::f64, shape);
+    g.dbias = pr.ref.dbias.view;
+  }
+  backward(args, g, ref_opt);
+  return pr;
+}
+
+// Runs the cuda backward on device copies of the problem's inputs.
+Grads run_cuda(const Case& c, const BwdProblem& pr) {
+  Grads out;
+  out.dq = HostTensor(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout);
+  out.dk = HostTensor(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout);
+  out.dv = HostTensor(c.dtype, {c.B, c.Hkv, c.Lk, c.Dv}, c.layout);
+  test::poison(out.dq);
+  test::poison(out.dk);
+  test::poison(out.dv);
+  DeviceTensor q(pr.q), k(pr.k), v(pr.v), dout(pr.dout), o(pr.out), lse(pr.lse), dq(out.dq),
+      dk(out.dk), dv(out.dv);
+  std::optional<DeviceTensor> bias, dbias;
+  AttentionArgs args;
+  args.q = q.view;
+  args.k = k.view;
+  args.v = v.view;
+  if (c.bias != "none") {
+    bias.emplace(pr.bias);
+    args.bias = bias->view;
+    out.dbias = HostTensor(pr.bias);
+    test::poison(out.dbias);
+    dbias.emplace(out.dbias);
+  }
+  args.causal = c.causal;
+  args.dropout_p = c.p;
+  std::uint64_t* rng_dev = nullptr;
+  if (c.device_rng) {
+    const std::uint64_t vals[2] = {c.seed, c.offset};
+    if (cudaMalloc(&rng_dev, sizeof vals) != cudaSuccess ||
+        cudaMemcpy(rng_dev, vals, sizeof vals, cudaMemcpyHostToDevice) != cudaSuccess) {
+      throw std::runtime_error("device rng state");
+    }
+    args.rng.seed = c.seed ^ 0xDEADBEEFull;  // must be ignored
+    args.rng.offset = c.offset + 977;
+    args.rng.device_seed = rng_dev;
+    args.rng.device_offset = rng_dev + 1;
+  } else {
+    args.rng.seed = c.seed;
+    args.rng.offset = c.offset;
+  }
+  BackwardTensors g;
+  g.dout = dout.view;
+  g.out = o.view;
+  g.lse = lse.view;
+  g.dq = dq.view;
+  g.dk = dk.view;
+  g.dv = dv.view;
+  if (dbias) g.dbias = dbias->view;
+  Options opt;
+  opt.backends = {"cuda"};
+  opt.deterministic = c.deterministic;
+  const CallInfo info = backward(args, g, opt);
+  EXPECT_EQ(info.backend, "cuda");
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (rng_dev) cudaFree(rng_dev);
+  if (err != cudaSuccess) throw std::runtime_error(std::string("kernel failed: ") + cudaGetErrorString(err));
+  dq.copy_to(out.dq);
+  dk.copy_to(out.dk);
+  dv.copy_to(out.dv);
+  if (dbias) dbias->copy_to(out.dbias);
+  return out;
+}
+
+// Relative tolerance (to max |reference|) per storage dtype: one rounding of dS and of the
+// output plus fp32 accumulation.
+double rel_tolerance(DType dtype) { return dtype == DType::bf16 ? 2e-2 : 5e-3; }
+
+bool within(const test::Diff& d, DType dtype) {
+  return !d.nan && d.max_abs <= 1e-5 + rel_tolerance(dtype) * d.max_ref;
+}
+
+void expect_close(const Case& c, const char* name, const HostTensor& actual, const HostTensor& ref) {
+  const test::Diff d = test::compare(actual, ref);
+  EXPECT_FALSE(d.nan) << c.describe() << ": NaN or non-finite mismatch in " << name << " at "
+                      << d.where(actual);
+  EXPECT_LE(d.max_abs, 1e-5 + rel_tolerance(c.dtype) * d.max_ref)
+      << c.describe() << ": " << name << " differs by " << d.max_abs << " (max |ref| "
+      << d.max_ref << ") at " << d.where(actual);
+}
+
+void check_case(const Case& c, std::uint64_t data_seed = 11) {
+  SCOPED_TRACE(c.describe());
+  const BwdProblem pr = make_problem(c, data_seed, c.seed);
+  const Grads got = run_cuda(c, pr);
+  expect_close(c, "dq", got.dq, pr.ref.dq);
+  expect_close(c, "dk", got.dk, pr.ref.dk);
+  expect_close(c, "dv", got.dv, pr.ref.dv);
+  if (c.bias != "none") expect_close(c, "dbias", got.dbias, pr.ref.dbias);
+}
+
+bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
+  return a.storage.size() == b.storage.size() &&
+         std::memcmp(a.storage.data(), b.storage.data(), a.storage.size()) == 0;
+}
+
+class CudaBackward : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(CudaBackward, AwkwardLengthsSquare) {
+  for (std::int64_t L : {1, 17, 64, 65, 127, 129}) {
+    Case c;
+    c.B = 2;
+    c.Hq = c.Hkv = 2;
+    c.Lq = c.Lk = L;
+    check_case(c, 100 + static_cast<std::uint64_t>(L));
+  }
+  Case big;
+  big.Hq = big.Hkv = 1;
+  big.Lq = big.Lk = 1013;
+  check_case(big, 1013);
+}
+
+TEST_F(CudaBackward, QueryAndKeyLengthsDiffer) {
+  const std::int64_t pairs[][2] = {{17, 129}, {129, 17}, {1, 300}, {300, 65}, {64, 1013}};
+  for (const auto& lens : pairs) {
+    for (CausalMode causal : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
+      Case c;
+      c.Lq = lens[0];
+      c.Lk = lens[1];
+      c.causal = causal;
+      check_case(c, static_cast<std::uint64_t>(lens[0] * 7 + lens[1]));
+    }
+  }
+}
+
+TEST_F(CudaBackward, HeadDims) {
+  const std::int64_t dims[][2] = {{8, 8},   {40, 40},   {64, 64},  {80, 80},
+                                  {128, 128}, {256, 256}, {40, 72}, {128, 64}, {64, 200}};
+  for (const auto& d : dims) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      Case c;
+      c.dtype = dtype;
+      c.D = d[0];
+      c.Dv = d[1];
+      c.Lq = 97;
+      c.Lk = 150;
+      c.causal = CausalMode::bottom_right;
+      c.p = 0.1;
+      check_case(c, static_cast<std::uint64_t>(d[0] * 1000 + d[1]));
+    }
+  }
+}
+
+// PyTorch PR #103704: with causal masking and dropout, gradients went wrong once the keys span
+// more than one tile, because the RNG was indexed relative to the tile. Our map uses absolute
+// (i, j); the keys here span 2 to 16 tiles of every bucket, in both causal alignments.
+TEST_F(CudaBackward, CausalDropoutAcrossKeyTiles) {
+  for (std::int64_t Lk : {65, 129, 300, 1013}) {
+    for (CausalMode causal : {CausalMode::top_left, CausalMode::bottom_right}) {
+      for (std::int64_t Lq : {Lk, std::int64_t{100}}) {
+        Case c;
+        c.Lq = Lq;
+        c.Lk = Lk;
+        c.causal = causal;
+        c.p = 0.2;
+        c.D = c.Dv = Lk == 300 ? 128 : 64;
+        c.seed = 99 + static_cast<std::uint64_t>(Lk);
+        c.offset = 12345;
+        check_case(c, static_cast<std::uint64_t>(Lk + Lq));
+      }
+    }
+  }
+}
+
+// The comparison above can tell masks apart: the reference with another seed disagrees.
+TEST_F(CudaBackward, DropoutMaskMatters) {
+  Case c;
+  c.Lq = 129;
+  c.Lk = 300;
+  c.causal = CausalMode::top_left;
+  c.p = 0.2;
+  const BwdProblem same = make_problem(c, 5, c.seed);
+  const BwdProblem other = make_problem(c, 5, c.seed + 1);
+  const Grads got = run_cuda(c, same);
+  EXPECT_TRUE(within(test::compare(got.dv, same.ref.dv), c.dtype)) << c.describe();
+  EXPECT_FALSE(within(test::compare(got.dv, other.ref.dv), c.dtype))
+      << c.describe() << ": another seed's gradients also pass; the test cannot see the mask";
+  EXPECT_FALSE(within(test::compare(got.dq, other.ref.dq), c.dtype)) << c.describe();
+}
+
+TEST_F(CudaBackward, BiasBroadcastsWithDbias) {
+  for (const char* pattern : {"bhqk", "1hqk", "b1qk", "bh1k", "11qk", "1h1k", "b11k", "111k"}) {
+    for (DType bias_dtype : {DType::f32, DType::bf16}) {
+      Case c;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Lq = 70;
+      c.Lk = 200;
+      c.bias = pattern;
+      c.bias_dtype = bias_dtype;
+      c.causal = CausalMode::top_left;
+      c.p = 0.1;
+      check_case(c, 77);
+    }
+  }
+}
+
+TEST_F(CudaBackward, GroupedQueryHeads) {
+  for (std::int64_t Hkv : {2, 1}) {
+    Case c;
+    c.B = 2;
+    c.Hq = 8;
+    c.Hkv = Hkv;
+    c.Lq = 65;
+    c.Lk = 190;
+    c.causal = CausalMode::bottom_right;
+    c.p = 0.1;
+    c.bias = "1h1k";
+    check_case(c, 31 + static_cast<std::uint64_t>(Hkv));
+  }
+}
+
+TEST_F(CudaBackward, BlhdStridesAndHalf) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (std::int64_t D : {64, 128}) {
+      Case c;
+      c.dtype = dtype;
+      c.layout = Layout::blhd;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hkv = 2;
+      c.Lq = 129;
+      c.Lk = 127;
+      c.D = c.Dv = D;
+      c.causal = CausalMode::top_left;
+      c.p = 0.15;
+      c.bias = "b1qk";
+      c.bias_dtype = dtype;
+      check_case(c, 55 + static_cast<std::uint64_t>(D));
+    }
+  }
+}
+
+TEST_F(CudaBackward, SeedAndOffsetFromDeviceMemory) {
+  Case c;
+  c.Lq = 100;
+  c.Lk = 200;
+  c.p = 0.25;
+  c.seed = 0x1234567890ull;
+  c.offset = (std::uint64_t{1} << 40) + 3;
+  c.device_rng = true;
+  check_case(c, 9);
+}
+
+// Deterministic mode: two runs give the same bits (dq and broadcast dbias accumulate across
+// CTAs), and the result still matches the reference.
+TEST_F(CudaBackward, DeterministicIsBitwiseRepeatable) {
+  for (const char* pattern : {"none", "11qk", "bh1k"}) {
+    Case c;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.Lq = 300;
+    c.Lk = 260;
+    c.causal = CausalMode::bottom_right;
+    c.p = 0.1;
+    c.bias = pattern;
+    c.deterministic = true;
+    SCOPED_TRACE(c.describe());
+    const BwdProblem pr = make_problem(c, 3, c.seed);
+    const Grads first = run_cuda(c, pr);
+    const Grads second = run_cuda(c, pr);
+    EXPECT_TRUE(bitwise_equal(first.dq, second.dq)) << "dq differs between runs";
+    EXPECT_TRUE(bitwise_equal(first.dk, second.dk)) << "dk differs between runs";
+    EXPECT_TRUE(bitwise_equal(first.dv, second.dv)) << "dv differs between runs";
+    if (c.bias != "none") {
+      EXPECT_TRUE(bitwise_equal(first.dbias, second.dbias)) << "dbias differs between runs";
+    }
+    expect_close(c, "dq", first.dq, pr.ref.dq);
+    expect_close(c, "dk", first.dk, pr.ref.dk);
+    expect_close(c, "dv", first.dv, pr.ref.dv);
+    if (c.bias != "none") expect_close(c, "dbias", first.dbias, pr.ref.dbias);
+  }
+}
+
+// Sizes the kernels cannot take are refused with a reason, not run.
+TEST(CudaBackwardReasons, RefusesWhatItCannotRun) {
+  cuda::BackwardParams p;
+  p.B = 1;
+  p.Hq = p.Hkv = 1;
+  p.group = 1;
+  p.Lq = p.Lk = 16;
+  p.D = 36;
+  p.Dv = 264;
+  const std::vector<std::string> reasons = cuda::backward_unsupported(p, 7, 5);
+  ASSERT_EQ(reasons.size(), 3u);
+  EXPECT_NE(reasons[0].find("8.0"), std::string::npos) << reasons[0];
+  EXPECT_NE(reasons[1].find("D = 36"), std::string::npos) << reasons[1];
+  EXPECT_NE(reasons[2].find("Dv = 264"), std::string::npos) << reasons[2];
+  p.D = p.Dv = 64;
+  EXPECT_TRUE(cuda::backward_unsupported(p, 9, 0).empty());
+  p.q_stride.l = 68;  // not a multiple of 8 elements
+  EXPECT_EQ(cuda::backward_unsupported(p, 9, 0).size(), 1u);
+}
+
+}  // namespace
+}  // namespace memeff

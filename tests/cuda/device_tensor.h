@@ -1,0 +1,58 @@
+// Device copies of test::HostTensor for the gpu-labelled tests: same storage bytes, same strides,
+// the view moved to cuda:0. CUDA failures throw, so a test fails loudly instead of reading junk.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/host_tensor.h"
+
+namespace memeff::test {
+
+inline bool cuda_device_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+inline void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+struct DeviceTensor {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  TensorView view;
+
+  explicit DeviceTensor(const HostTensor& h) : bytes(h.storage.size()), view(h.view) {
+    cuda_check(cudaMalloc(&data, bytes), "cudaMalloc");
+    upload(h);
+    view.data = data;
+    view.device = Device::cuda(0);
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() { cudaFree(data); }
+
+  void upload(const HostTensor& h) {
+    cuda_check(cudaMemcpy(data, h.storage.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  void copy_to(HostTensor& h) const {
+    cuda_check(cudaMemcpy(h.storage.data(), data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  }
+  HostTensor to_host(const HostTensor& like) const {
+    HostTensor h = like;
+    copy_to(h);
+    return h;
+  }
+  std::vector<std::uint8_t> bytes_on_host() const {
+    std::vector<std::uint8_t> out(bytes);
+    cuda_check(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return out;
+  }
+};
+
+}  // namespace memeff::test
