@@ -207,21 +207,13 @@ namespace detail {
 HeuristicOrder default_order(const Problem& problem) {
   HeuristicOrder h;
   if (problem.device.type == DeviceType::cuda) {
-    // The fused kernels ("cuda") never materialize Lq×Lk, so they lead. cuda_math (cuBLAS +
-    // softmax kernel, fp32 Lq×Lk buffers) follows as the fallback for what the fused kernels
-    // refuse (fp32, head dims without an instantiation, ...). For tiny score matrices
-    // (Lq·Lk <= kTinyScoreElements, at most one 32×32 block per head) both are bound by launch
-    // overhead and the fused kernel spends its tile mostly on padding; there cuda_math leads.
-    // The threshold is a documented first guess until docs/benchmarks.md measures the crossover;
-    // MEMEFF_AUTOTUNE=1 measures it for each shape instead.
-    if (problem.Lq * problem.Lk <= kTinyScoreElements) {
-      h.order = {"cuda_math", "cuda"};
-      h.why = "tiny score matrix (Lq*Lk <= " + std::to_string(kTinyScoreElements) +
-              "): cuda_math before the fused kernels";
-    } else {
-      h.order = {"cuda", "cuda_math"};
-      h.why = "fused kernels first, cuda_math as the fallback";
-    }
+    // The fused kernels ("cuda") never materialize Lq×Lk and were faster on every shape
+    // measured, down to 32×32 scores (docs/benchmarks.md: 0.011 ms against cuda_math's 0.143 ms
+    // forward on the H200), so they lead. cuda_math (cuBLAS + softmax kernel, fp32 Lq×Lk
+    // buffers) is the fallback for what the fused kernels refuse (fp32 inputs, head dims they do
+    // not instantiate, misaligned strides). MEMEFF_AUTOTUNE=1 measures each shape instead.
+    h.order = {"cuda", "cuda_math"};
+    h.why = "fused kernels first, cuda_math as the fallback";
   } else {
     // The tiled cpu backend first; the double-precision reference supports everything and is
     // the last resort.

@@ -22,9 +22,6 @@ struct HeuristicOrder {
 };
 HeuristicOrder default_order(const Problem& problem);
 
-// Score matrices of at most this many elements (Lq·Lk) count as tiny on CUDA (see default_order).
-inline constexpr long long kTinyScoreElements = 32 * 32;
-
 struct Decision {
   Explanation explanation;                         // what explain() returns
   std::shared_ptr<Backend> backend;                // the choice; null when none qualifies

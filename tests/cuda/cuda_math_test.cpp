@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -199,8 +200,9 @@ TEST(CudaMath, RefusesWithReasons) {
   EXPECT_NE(r[0].find("free on cuda:0"), std::string::npos) << r[0];
 }
 
-// Informational: cuda_math's time on a tiny and a mid-sized shape (for the dispatch heuristic).
-TEST(CudaMath, TimesTinyAndMediumShapes) {
+// On a tiny and a mid-sized shape, autotuning times cuda and cuda_math and keeps the faster one
+// (the measurements behind the CUDA default order; docs/benchmarks.md).
+TEST(CudaMath, AutotuneKeepsTheFasterOfCudaAndCudaMath) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   char cache_dir[] = "/tmp/memeff-cuda-math-test-XXXXXX";  // keep the user's cache untouched
   ASSERT_NE(mkdtemp(cache_dir), nullptr);
@@ -233,7 +235,14 @@ TEST(CudaMath, TimesTinyAndMediumShapes) {
     tune.autotune = true;
     std::printf("autotuned forward for L=%lld: %s\n", (long long)L,
                 forward(a, dout.view, dl.view, tune).backend.c_str());
-    std::printf("%s\n", explain(a, Pass::forward, tune).to_string().c_str());
+    const Explanation tuned = explain(a, Pass::forward, tune);
+    std::printf("%s\n", tuned.to_string().c_str());
+    ASSERT_EQ(tuned.timings.size(), 2u) << "both cuda and cuda_math should have been timed";
+    const auto fastest = std::min_element(
+        tuned.timings.begin(), tuned.timings.end(),
+        [](const CandidateTime& x, const CandidateTime& y) { return x.ms < y.ms; });
+    EXPECT_EQ(tuned.chosen, fastest->backend);
+    for (const CandidateTime& t : tuned.timings) EXPECT_GT(t.ms, 0.0) << t.backend;
   }
   autotune_reset_memory();
   unsetenv("MEMEFF_CACHE_DIR");
