@@ -23,7 +23,8 @@ HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape, Layout layo
     stride *= std::max<std::int64_t>(shape[d], 1);
   }
   if (layout == Layout::blhd && view.rank == 4) {  // storage [B, L, H, D]
-    const std::int64_t H = std::max<std::int64_t>(shape[1], 1), L = std::max<std::int64_t>(shape[2], 1),
+    const std::int64_t H = std::max<std::int64_t>(shape[1], 1),
+                       L = std::max<std::int64_t>(shape[2], 1),
                        D = std::max<std::int64_t>(shape[3], 1);
     view.stride = {L * H * D, D, H * D, 1};
   }
@@ -66,6 +67,13 @@ void fill_uniform(HostTensor& t, std::mt19937_64& rng, double lo, double hi) {
 void fill_normal(HostTensor& t, std::mt19937_64& rng, double stddev) {
   std::normal_distribution<double> dist(0.0, stddev);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng));
+}
+
+HostTensor converted(const HostTensor& t, DType dtype, Layout layout) {
+  std::vector<std::int64_t> shape(t.view.shape.begin(), t.view.shape.begin() + t.view.rank);
+  HostTensor d(dtype, shape, layout);
+  for (std::int64_t i = 0; i < t.numel(); ++i) d.set(i, t.get(i));
+  return d;
 }
 
 void poison(HostTensor& t) {

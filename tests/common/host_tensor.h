@@ -31,14 +31,16 @@ struct HostTensor {
 // Uniform values in [lo, hi), rounded to the tensor's dtype.
 void fill_uniform(HostTensor& t, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0);
 void fill_normal(HostTensor& t, std::mt19937_64& rng, double stddev = 1.0);
+// The same values in another dtype and/or layout (rounded to the new dtype).
+HostTensor converted(const HostTensor& t, DType dtype, Layout layout = Layout::bhld);
 // Every element NaN (outputs are poisoned before each run so unwritten elements fail).
 void poison(HostTensor& t);
 
 struct Diff {
-  double max_abs = 0.0;     // max |a - b|
-  double max_ref = 0.0;     // max |b|
-  std::int64_t worst = -1;  // logical index of the largest difference
-  bool nan = false;         // a NaN in a or a mismatch of non-finite values
+  double max_abs = 0.0;                          // max |a - b|
+  double max_ref = 0.0;                          // max |b|
+  std::int64_t worst = -1;                       // logical index of the largest difference
+  bool nan = false;                              // a NaN in a or a mismatch of non-finite values
   std::string where(const HostTensor& t) const;  // "[b, h, i, d]" of the worst element
 };
 Diff compare(const HostTensor& actual, const HostTensor& expected);

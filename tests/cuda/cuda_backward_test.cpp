@@ -31,13 +31,6 @@ using test::Layout;
 using test::DeviceTensor;
 using test::cuda_device_present;
 
-HostTensor to_dtype(const HostTensor& t, DType dtype, Layout layout = Layout::bhld) {
-  std::vector<std::int64_t> shape(t.view.shape.begin(), t.view.shape.begin() + t.view.rank);
-  HostTensor d(dtype, shape, layout);
-  for (std::int64_t i = 0; i < t.numel(); ++i) d.set(i, t.get(i));
-  return d;
-}
-
 struct Case {
   DType dtype = DType::bf16;
   std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 64, Lk = 64, D = 64, Dv = 64;
@@ -88,14 +81,14 @@ BwdProblem make_problem(const Case& c, std::uint64_t data_seed, std::uint64_t re
     test::fill_uniform(pr.bias, rng, -2.0, 2.0);
   }
   // Reference forward and backward on the same rounded values, in double.
-  HostTensor q64 = to_dtype(pr.q, DType::f64), k64 = to_dtype(pr.k, DType::f64),
-             v64 = to_dtype(pr.v, DType::f64), dout64 = to_dtype(pr.dout, DType::f64), bias64;
+  HostTensor q64 = test::converted(pr.q, DType::f64), k64 = test::converted(pr.k, DType::f64),
+             v64 = test::converted(pr.v, DType::f64), dout64 = test::converted(pr.dout, DType::f64), bias64;
   AttentionArgs args;
   args.q = q64.view;
   args.k = k64.view;
   args.v = v64.view;
   if (c.bias != "none") {
-    bias64 = to_dtype(pr.bias, DType::f64);
+    bias64 = test::converted(pr.bias, DType::f64);
     args.bias = bias64.view;
   }
   args.causal = c.causal;
@@ -107,7 +100,7 @@ BwdProblem make_problem(const Case& c, std::uint64_t data_seed, std::uint64_t re
   Options ref_opt;
   ref_opt.backends = {"reference"};
   forward(args, out64.view, pr.lse.view, ref_opt);
-  pr.out = to_dtype(out64, c.dtype, c.layout);
+  pr.out = test::converted(out64, c.dtype, c.layout);
 
   pr.ref.dq = HostTensor(DType::f64, {c.B, c.Hq, c.Lq, c.D});
   pr.ref.dk = HostTensor(DType::f64, {c.B, c.Hkv, c.Lk, c.D});

@@ -28,15 +28,10 @@ using test::Layout;
 using test::DeviceTensor;
 using test::cuda_device_present;
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
 // The same values in double (the reference then adds no rounding of its own).
-HostTensor to_f64(const HostTensor& t) {
-  std::vector<std::int64_t> shape(t.view.shape.begin(), t.view.shape.begin() + t.view.rank);
-  HostTensor d(DType::f64, shape);
-  for (std::int64_t i = 0; i < t.numel(); ++i) d.set(i, t.get(i));
-  return d;
-}
+HostTensor f64_copy(const HostTensor& t) { return test::converted(t, DType::f64); }
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 struct Case {
   DType dtype = DType::bf16;
@@ -109,13 +104,13 @@ Result run_case(const Case& c, std::uint64_t data_seed) {
   dlse.copy_to(r.lse);
 
   // Reference on the same rounded values, in double.
-  HostTensor q64 = to_f64(q), k64 = to_f64(k), v64 = to_f64(v), bias64;
+  HostTensor q64 = f64_copy(q), k64 = f64_copy(k), v64 = f64_copy(v), bias64;
   AttentionArgs ref = args;
   ref.q = q64.view;
   ref.k = k64.view;
   ref.v = v64.view;
   if (c.bias != "none") {
-    bias64 = to_f64(bias);
+    bias64 = f64_copy(bias);
     ref.bias = bias64.view;
   }
   r.ref_out = HostTensor(DType::f64, {c.B, c.Hq, c.Lq, c.Dv});

@@ -42,8 +42,8 @@ TEST(Philox, KnownAnswers) {
 
 TEST(DropoutMap, ByteMapIsABijectionOnEveryBlock) {
   // Every column of a 64-column block has exactly one (class, byte), and back.
-  for (std::uint64_t base : {std::uint64_t{0}, std::uint64_t{64} * 12345,
-                             detail::kDropoutMaxCols - 64}) {
+  for (std::uint64_t base :
+       {std::uint64_t{0}, std::uint64_t{64} * 12345, detail::kDropoutMaxCols - 64}) {
     std::set<std::pair<std::uint32_t, std::uint32_t>> seen;
     for (std::uint64_t j = base; j < base + 64; ++j) {
       const std::uint32_t cls = detail::dropout_col_class(j), byte = detail::dropout_byte_index(j);
@@ -57,7 +57,8 @@ TEST(DropoutMap, ByteMapIsABijectionOnEveryBlock) {
 }
 
 TEST(DropoutMap, OneCallServesOneMmaFragmentRow) {
-  // Lane class t of the m16n8 layout owns columns 8n + 2t + {0, 1}: all 16 in one call, byte 2n + e.
+  // Lane class t of the m16n8 layout owns columns 8n + 2t + {0, 1}: all 16 in one call, byte 2n +
+  // e.
   for (std::uint32_t t = 0; t < 4; ++t) {
     for (std::uint32_t n = 0; n < 8; ++n) {
       for (std::uint32_t e = 0; e < 2; ++e) {

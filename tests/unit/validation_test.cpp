@@ -158,7 +158,8 @@ TEST(Validation, NullDataWithElements) {
   expect_error([&] { validate_forward(a, c.out.view, c.lse.view); }, ErrorCode::invalid_argument,
                {"`v`", "null"});
   // A view with zero elements may have null data.
-  HostTensor q0(DType::f32, {2, 4, 0, 16}), out0(DType::f32, {2, 4, 0, 12}), lse0(DType::f32, {2, 4, 0});
+  HostTensor q0(DType::f32, {2, 4, 0, 16}), out0(DType::f32, {2, 4, 0, 12}),
+      lse0(DType::f32, {2, 4, 0});
   a = c.args();
   a.q = q0.view;
   a.q.data = nullptr;
@@ -202,7 +203,8 @@ TEST(Validation, OutputsMustNotAliasInputs) {
                {"`dk`", "`dv`"});
   g.dv = dv.view;
   g.dq.data = c.q.view.data;
-  expect_error([&] { validate_backward(c.args(), g); }, ErrorCode::invalid_argument, {"`dq`", "`q`"});
+  expect_error([&] { validate_backward(c.args(), g); }, ErrorCode::invalid_argument,
+               {"`dq`", "`q`"});
 }
 
 TEST(Validation, DbiasNeedsABiasOfTheSameShape) {

@@ -10,29 +10,10 @@
 
 #include "cuda/kernels/bwd_dispatch.cuh"
 #include "cuda/launch/launch.h"
+#include "cuda/launch/launch_checks.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
-namespace {
-
-int backward_bucket(int d) {
-  for (int bucket : kBackwardHeadDims) {
-    if (d <= bucket) return bucket;
-  }
-  return 0;
-}
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
-
-void check_strides(std::vector<std::string>& reasons, const char* name, const Strides& s) {
-  if (s.b % 8 != 0 || s.h % 8 != 0 || s.l % 8 != 0) {
-    reasons.push_back(std::string(name) + " strides (" + std::to_string(s.b) + ", " +
-                      std::to_string(s.h) + ", " + std::to_string(s.l) +
-                      ") are not all multiples of 8 elements (16-byte vector loads)");
-  }
-}
-
-}  // namespace
 
 std::size_t backward_workspace_bytes(const BackwardParams& p) {
   return backward_workspace_layout(p).total;
@@ -44,10 +25,10 @@ std::vector<std::string> backward_unsupported(const BackwardParams& p, int sm_ma
     reasons.push_back("needs compute capability 8.0 or newer (mma.sync bf16, cp.async); device has " +
                       std::to_string(sm_major) + "." + std::to_string(sm_minor));
   }
-  if (p.D <= 0 || p.D % 8 != 0 || backward_bucket(p.D) == 0) {
+  if (p.D <= 0 || p.D % 8 != 0 || head_dim_bucket(kBackwardHeadDims, p.D) == 0) {
     reasons.push_back("head dim D = " + std::to_string(p.D) + " is not a multiple of 8 in [8, 256]");
   }
-  if (p.Dv <= 0 || p.Dv % 8 != 0 || backward_bucket(p.Dv) == 0) {
+  if (p.Dv <= 0 || p.Dv % 8 != 0 || head_dim_bucket(kBackwardHeadDims, p.Dv) == 0) {
     reasons.push_back("value head dim Dv = " + std::to_string(p.Dv) +
                       " is not a multiple of 8 in [8, 256]");
   }
@@ -93,7 +74,7 @@ void launch_backward(BackwardParams params, void* workspace, ElemType type, cuda
                                                  std::to_string(backward_workspace_bytes(params)) +
                                                  " bytes, got a null pointer");
   }
-  const int bucket = backward_bucket(params.D > params.Dv ? params.D : params.Dv);
+  const int bucket = head_dim_bucket(kBackwardHeadDims, params.D > params.Dv ? params.D : params.Dv);
   const bool bf16 = type == ElemType::bf16;
   switch (bucket) {
     case 64:

@@ -11,27 +11,11 @@
 
 #include "cuda/kernels/fwd_dispatch.cuh"
 #include "cuda/launch/launch.h"
+#include "cuda/launch/launch_checks.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
 namespace {
-
-int head_dim_bucket(int d) {
-  for (int bucket : kForwardHeadDims) {
-    if (d <= bucket) return bucket;
-  }
-  return 0;
-}
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; }
-
-void check_strides(std::vector<std::string>& reasons, const char* name, const Strides& s) {
-  if (s.b % 8 != 0 || s.h % 8 != 0 || s.l % 8 != 0) {
-    reasons.push_back(std::string(name) + " strides (" + std::to_string(s.b) + ", " +
-                      std::to_string(s.h) + ", " + std::to_string(s.l) +
-                      ") are not all multiples of 8 elements (16-byte vector loads)");
-  }
-}
 
 template <class T>
 __global__ void fill_kernel(T* data, std::int64_t n1, std::int64_t n2, std::int64_t n3,
@@ -79,10 +63,10 @@ std::vector<std::string> forward_unsupported(const ForwardParams& p, int sm_majo
     reasons.push_back("needs compute capability 8.0 or newer (mma.sync bf16, cp.async); device has " +
                       std::to_string(sm_major) + "." + std::to_string(sm_minor));
   }
-  if (p.D <= 0 || p.D % 8 != 0 || head_dim_bucket(p.D) == 0) {
+  if (p.D <= 0 || p.D % 8 != 0 || head_dim_bucket(kForwardHeadDims, p.D) == 0) {
     reasons.push_back("head dim D = " + std::to_string(p.D) + " is not a multiple of 8 in [8, 256]");
   }
-  if (p.Dv <= 0 || p.Dv % 8 != 0 || head_dim_bucket(p.Dv) == 0) {
+  if (p.Dv <= 0 || p.Dv % 8 != 0 || head_dim_bucket(kForwardHeadDims, p.Dv) == 0) {
     reasons.push_back("value head dim Dv = " + std::to_string(p.Dv) +
                       " is not a multiple of 8 in [8, 256]");
   }
@@ -108,7 +92,7 @@ std::vector<std::string> forward_unsupported(const ForwardParams& p, int sm_majo
 
 void launch_forward(const ForwardParams& params, ElemType type, cudaStream_t stream) {
   if (params.Lq == 0 || params.B == 0 || params.Hq == 0) return;
-  const int bucket = head_dim_bucket(params.D > params.Dv ? params.D : params.Dv);
+  const int bucket = head_dim_bucket(kForwardHeadDims, params.D > params.Dv ? params.D : params.Dv);
   const bool bf16 = type == ElemType::bf16;
   switch (bucket) {
     case 64:

@@ -1,0 +1,118 @@
+// One attention call's tensors for CPU-side tests: a Config (shapes, mask, bias pattern,
+// dropout, dtype, layout), fresh random inputs, poisoned outputs, and runs on a named backend;
+// plus the one comparison every backend test uses.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/host_tensor.h"
+#include "common/tolerance.h"
+#include "memeff/attention.h"
+
+namespace memeff::test {
+
+struct Config {
+  std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 17, Lk = 17, D = 40, Dv = -1;  // Dv -1: = D
+  CausalMode causal = CausalMode::none;
+  std::string bias = "none";  // "none" or a pattern like "bhqk", "1h1k"
+  double dropout = 0.0;
+  DType dtype = DType::f32;
+  Layout layout = Layout::bhld;
+  std::uint64_t seed = 99, offset = 3;
+
+  std::int64_t dv() const { return Dv < 0 ? D : Dv; }
+  std::string describe() const {
+    return std::string(dtype_name(dtype)) + " B" + std::to_string(B) + " Hq" + std::to_string(Hq) +
+           " Hkv" + std::to_string(Hkv) + " Lq" + std::to_string(Lq) + " Lk" + std::to_string(Lk) +
+           " D" + std::to_string(D) + " Dv" + std::to_string(dv()) + " causal " +
+           causal_mode_name(causal) + " bias " + bias + " p " + std::to_string(dropout) +
+           (layout == Layout::blhd ? " blhd" : " bhld");
+  }
+};
+
+// All tensors of one call: inputs random (a function of data_seed), outputs poisoned.
+struct Case {
+  Config cfg;
+  HostTensor q, k, v, out, lse, dout, dq, dk, dv;
+  std::optional<HostTensor> bias, dbias;
+
+  Case(const Config& c, std::uint64_t data_seed)
+      : cfg(c),
+        q(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout),
+        k(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout),
+        v(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()}, c.layout),
+        out(c.dtype, {c.B, c.Hq, c.Lq, c.dv()}, c.layout),
+        lse(DType::f32, {c.B, c.Hq, c.Lq}),
+        dout(c.dtype, {c.B, c.Hq, c.Lq, c.dv()}, c.layout),
+        dq(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout),
+        dk(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout),
+        dv(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()}, c.layout) {
+    std::mt19937_64 rng(data_seed);
+    test::fill_normal(q, rng);
+    test::fill_normal(k, rng);
+    test::fill_normal(v, rng);
+    test::fill_normal(dout, rng);
+    if (c.bias != "none") {
+      const std::int64_t full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+      std::vector<std::int64_t> shape(4);
+      for (int d = 0; d < 4; ++d) shape[d] = c.bias[d] == '1' ? 1 : full[d];
+      bias.emplace(c.dtype, shape);
+      dbias.emplace(c.dtype, shape);
+      test::fill_normal(*bias, rng);
+    }
+    poison_outputs();
+  }
+  void poison_outputs() {
+    for (HostTensor* t : {&out, &lse, &dq, &dk, &dv}) test::poison(*t);
+    if (dbias) test::poison(*dbias);
+  }
+
+  AttentionArgs args() const {
+    AttentionArgs a;
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    if (bias) a.bias = bias->view;
+    a.causal = cfg.causal;
+    a.dropout_p = cfg.dropout;
+    a.rng = {cfg.seed, cfg.offset};
+    return a;
+  }
+  CallInfo run_forward(const std::string& backend) {
+    Options o;
+    o.backends = {backend};
+    return forward(args(), out.view, lse.view, o);
+  }
+  CallInfo run_backward(const std::string& backend) {
+    Options o;
+    o.backends = {backend};
+    BackwardTensors g{dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
+    if (dbias) g.dbias = dbias->view;
+    return backward(args(), g, o);
+  }
+  // Σ out ∘ dout after a forward on `backend`: the scalar whose gradient backward computes.
+  double loss(const std::string& backend) {
+    run_forward(backend);
+    double s = 0.0;
+    for (std::int64_t i = 0; i < out.numel(); ++i) s += out.get(i) * dout.get(i);
+    return s;
+  }
+};
+
+// max |a - e| <= atol + rtol·max|e|, and no NaN or misplaced infinity.
+inline void expect_close(const HostTensor& actual, const HostTensor& expected,
+                         const test::Tolerance& tol, const std::string& what) {
+  const test::Diff d = test::compare(actual, expected);
+  EXPECT_FALSE(d.nan) << what << ": NaN or non-finite mismatch at " << d.where(actual);
+  EXPECT_LE(d.max_abs, tol.bound(d.max_ref))
+      << what << ": max |diff| " << d.max_abs << " at " << d.where(actual) << " (max |ref| "
+      << d.max_ref << ")";
+}
+
+}  // namespace memeff::test
