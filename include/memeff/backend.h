@@ -28,6 +28,9 @@ struct Problem {
   CausalMode causal = CausalMode::none;
   double dropout_p = 0.0;
   DropoutThreshold dropout{};  // quantized p
+  // Every q/k/v/out/gradient view starts on a 16-byte boundary and its B, H and L strides are
+  // whole 16-byte steps: what kernels loading 16-byte vectors need. Set by the validators.
+  bool vector_aligned = true;
 
   bool has_dropout() const { return dropout.threshold < 256; }
   std::int64_t group_size() const { return Hkv > 0 ? Hq / Hkv : 0; }

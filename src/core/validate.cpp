@@ -120,6 +120,18 @@ void check_no_alias(const std::vector<Named>& outputs, const std::vector<Named>&
   }
 }
 
+// 16-byte aligned start and 16-byte multiples for every stride but the last (size-1 dimensions
+// are never stepped over, so their strides do not matter).
+bool vector_aligned(const TensorView& t) {
+  if (t.data == nullptr || t.numel() == 0) return true;
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) return false;
+  const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
+  for (int d = 0; d + 1 < t.rank; ++d) {
+    if (t.shape[d] > 1 && (t.stride[d] * size) % 16 != 0) return false;
+  }
+  return true;
+}
+
 bool is_supported_dtype(DType d) {
   return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::f64;
 }
@@ -164,6 +176,7 @@ Problem validate_inputs(const AttentionArgs& args) {
   p.Dv = v.shape[3];
   p.dtype = q.dtype;
   p.device = q.device;
+  p.vector_aligned = vector_aligned(q) && vector_aligned(k) && vector_aligned(v);
 
   check_dim("k", k, 0, p.B, "(the batch of q)");
   check_dim("k", k, 3, p.D, "(the head dim of q)");
@@ -254,6 +267,7 @@ Problem validate_forward(const AttentionArgs& args, const TensorView& out, const
   std::vector<Named> inputs = {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}};
   if (args.bias) inputs.push_back({"bias", &*args.bias});
   check_no_alias({{"out", &out}, {"lse", &lse}}, inputs);
+  p.vector_aligned = p.vector_aligned && vector_aligned(out);
   return p;
 }
 
@@ -288,6 +302,8 @@ Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
                                {"out", &g.out},    {"lse", &g.lse},    {"dout", &g.dout}};
   if (args.bias) inputs.push_back({"bias", &*args.bias});
   check_no_alias(outputs, inputs);
+  p.vector_aligned = p.vector_aligned && vector_aligned(g.dout) && vector_aligned(g.dq) &&
+                     vector_aligned(g.dk) && vector_aligned(g.dv);
   return p;
 }
 

@@ -181,6 +181,10 @@ class CudaBackend final : public Backend {
     } else if (pb.dtype != DType::f16 && pb.dtype != DType::bf16) {
       reasons.push_back(std::string(dtype_name(pb.dtype)) + " inputs: the fused kernels take fp16/bf16");
     }
+    if (!pb.vector_aligned) {
+      reasons.push_back(
+          "tensors not 16-byte aligned (pointers, or B/H/L strides not multiples of 16 bytes)");
+    }
     if (pb.has_bias && pb.bias_dtype != DType::f32 && pb.bias_dtype != pb.dtype) {
       reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
                         ": must be fp32 or the dtype of q");

@@ -239,3 +239,34 @@ TEST(Validation, UnsupportedDeviceIsReportedByTheDispatcher) {
 
 }  // namespace
 }  // namespace memeff
+
+namespace memeff {
+namespace {
+
+TEST(Validation, ReportsWhetherViewsAllowSixteenByteVectors) {
+  // Row strides of 16 fp32 (64 bytes) are aligned; D = 3 gives 12-byte rows, which are not.
+  test::HostTensor q(DType::f32, {1, 2, 8, 16}), k(DType::f32, {1, 2, 8, 16}),
+      v(DType::f32, {1, 2, 8, 16}), out(DType::f32, {1, 2, 8, 16}), lse(DType::f32, {1, 2, 8});
+  AttentionArgs a;
+  a.q = q.view;
+  a.k = k.view;
+  a.v = v.view;
+  EXPECT_TRUE(validate_forward(a, out.view, lse.view).vector_aligned);
+  test::HostTensor q3(DType::f32, {1, 2, 8, 3}), k3(DType::f32, {1, 2, 8, 3});
+  a.q = q3.view;
+  a.k = k3.view;
+  EXPECT_FALSE(validate_forward(a, out.view, lse.view).vector_aligned);
+  a.q = q.view;
+  a.k = k.view;
+  TensorView shifted = out.view;  // one element past a 16-byte boundary
+  shifted.data = static_cast<float*>(out.view.data) + 1;
+  shifted.shape[2] = 7;
+  test::HostTensor out_ok(DType::f32, {1, 2, 7, 16}), lse7(DType::f32, {1, 2, 7});
+  test::HostTensor q7(DType::f32, {1, 2, 7, 16});
+  a.q = q7.view;
+  EXPECT_TRUE(validate_forward(a, out_ok.view, lse7.view).vector_aligned);
+  EXPECT_FALSE(validate_forward(a, shifted, lse7.view).vector_aligned);
+}
+
+}  // namespace
+}  // namespace memeff
