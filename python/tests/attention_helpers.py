@@ -1,0 +1,73 @@
+# Reference attention and comparison helpers for memeff's PyTorch tests: an explicit fp64 math
+# reference that can apply a given dropout keep-mask, causal masks built by hand (bottom-right
+# too), and a tolerance scaled by the error of a same-precision baseline.
+import math
+
+import torch
+
+# Error floor per dtype, relative to the reference's magnitude (at least 1).
+ERROR_FLOOR = {
+    torch.float64: 1e-10,
+    torch.float32: 2e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+def causal_keep(lq, lk, mode, device):
+    """Boolean [Lq, Lk]: True where query i may see key j under `mode` (None when "none")."""
+    if mode == "none":
+        return None
+    shift = 0 if mode == "top_left" else lk - lq
+    i = torch.arange(lq, device=device).unsqueeze(1)
+    j = torch.arange(lk, device=device).unsqueeze(0)
+    return j <= i + shift
+
+
+def additive(mask_bool, dtype):
+    """0 where True, -inf where False."""
+    zeros = torch.zeros(mask_bool.shape, dtype=dtype, device=mask_bool.device)
+    return zeros.masked_fill(mask_bool.logical_not(), float("-inf"))
+
+
+def reference_attention(q, k, v, bias=None, causal="none", scale=None, keep=None,
+                        keep_scale=1.0):
+    """softmax(q kᵀ·scale + bias + causal) ∘ keep·keep_scale · v, computed in the inputs' dtype
+    (pass fp64 tensors for the reference). GQA: head h uses key/value head h // (Hq/Hkv)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    allowed = causal_keep(q.shape[2], k.shape[2], causal, q.device)
+    if allowed is not None:
+        s = s.masked_fill(allowed.logical_not(), float("-inf"))
+    p = torch.softmax(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, dim=-1)
+    p = p.to(q.dtype)
+    if keep is not None:
+        p = p * keep.to(p.dtype) * keep_scale
+    return p @ v
+
+
+def max_error(actual, expected):
+    return (actual.detach().double() - expected.detach().double()).abs().max().item()
+
+
+def assert_close_to_reference(actual, expected, baseline, dtype, what):
+    """|actual - expected| <= 2·|baseline - expected| + floor(dtype)·max(1, |expected|)."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != " \
+                                           f"{tuple(expected.shape)}"
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    err = max_error(actual, expected)
+    base = max_error(baseline, expected)
+    magnitude = max(1.0, expected.detach().abs().max().item())
+    tol = 2.0 * base + ERROR_FLOOR[dtype] * magnitude
+    if not err <= tol:
+        index = (actual.detach().double() - expected.detach().double()).abs().argmax().item()
+        where = [int(i) for i in torch.unravel_index(torch.tensor(index), actual.shape)]
+        raise AssertionError(f"{what}: max error {err:.3g} at {where} exceeds tolerance "
+                             f"{tol:.3g} (same-precision baseline error {base:.3g}, "
+                             f"{dtype}, shape {tuple(actual.shape)})")

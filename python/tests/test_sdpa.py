@@ -1,0 +1,195 @@
+# memeff.torch.scaled_dot_product_attention without dropout against torch's SDPA math backend
+# computed in fp64: outputs and gradients (q, k, v and a float mask that requires grad) for
+# fp32/fp16/bf16, causal both ways, float and bool masks, GQA and odd lengths; plus the API's
+# edge semantics and its error messages.
+import math
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import memeff.torch as mt  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from attention_helpers import additive, assert_close_to_reference, causal_keep  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (B, Hq, Hkv, Lq, Lk, D, Dv, causal, mask kind)
+CASES = [
+    (2, 4, 4, 17, 17, 64, 64, "none", None),
+    (1, 4, 4, 65, 129, 64, 64, "top_left", None),
+    (2, 2, 2, 64, 127, 128, 128, "bottom_right", None),
+    (2, 8, 2, 33, 47, 64, 64, "none", "float"),
+    (1, 4, 1, 31, 31, 128, 128, "top_left", "bool"),
+    (2, 4, 2, 1, 100, 64, 64, "bottom_right", "float_grad_rows"),
+    (1, 2, 2, 40, 72, 64, 32, "none", "float_grad_2d"),
+    (2, 3, 3, 129, 65, 64, 64, "none", "bool_keys"),
+]
+
+
+def make_mask(kind, B, Hq, Lq, Lk, dtype, device, gen):
+    """The user's attn_mask of each kind (requires_grad for the *_grad kinds)."""
+    if kind is None:
+        return None
+    if kind == "float":  # full shape
+        return torch.randn(B, Hq, Lq, Lk, generator=gen).to(device, dtype)
+    if kind == "float_grad_rows":  # broadcast over B and Lq: [1, Hq, 1, Lk]
+        return torch.randn(1, Hq, 1, Lk, generator=gen).to(device, dtype).requires_grad_()
+    if kind == "float_grad_2d":  # [Lq, Lk], broadcast over B and H
+        return torch.randn(Lq, Lk, generator=gen).to(device, dtype).requires_grad_()
+    if kind == "bool":  # [B, 1, Lq, Lk], each row keeps its diagonal so no row is empty
+        keep = torch.rand(B, 1, Lq, Lk, generator=gen) > 0.4
+        keep |= torch.eye(Lq, Lk, dtype=torch.bool)
+        return keep.to(device)
+    if kind == "bool_keys":  # [B, 1, 1, Lk] key padding mask, at least one key kept
+        keep = torch.rand(B, 1, 1, Lk, generator=gen) > 0.3
+        keep[..., 0] = True
+        return keep.to(device)
+    raise AssertionError(kind)
+
+
+def torch_math(q, k, v, mask, causal, enable_gqa):
+    """torch's math SDPA with causal folded into an additive mask (bottom-right built by hand)."""
+    Lq, Lk = q.shape[2], k.shape[2]
+    bias = None
+    if mask is not None:
+        bias = additive(mask, q.dtype) if mask.dtype == torch.bool else mask.to(q.dtype)
+    allowed = causal_keep(Lq, Lk, causal, q.device)
+    if allowed is not None:
+        causal_bias = additive(allowed, q.dtype)
+        bias = causal_bias if bias is None else bias + causal_bias
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                                enable_gqa=enable_gqa)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}_H{}x{}_L{}x{}_D{}x{}_{}_{}".format(*c))
+def test_matches_torch_math(device, dtype, case):
+    B, Hq, Hkv, Lq, Lk, D, Dv, causal, mask_kind = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    q = torch.randn(B, Hq, Lq, D, generator=gen).to(device, dtype).requires_grad_()
+    k = torch.randn(B, Hkv, Lk, D, generator=gen).to(device, dtype).requires_grad_()
+    v = torch.randn(B, Hkv, Lk, Dv, generator=gen).to(device, dtype).requires_grad_()
+    mask = make_mask(mask_kind, B, Hq, Lq, Lk, dtype, device, gen)
+    dout = torch.randn(B, Hq, Lq, Dv, generator=gen).to(device, dtype)
+    gqa = Hq != Hkv
+
+    def grads_of(out, inputs):
+        wanted = [t for t in inputs if t is not None and t.requires_grad]
+        return torch.autograd.grad(out, wanted, dout.to(out.dtype))
+
+    causal_kw = None if causal == "none" else causal
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, causal=causal_kw,
+                                          enable_gqa=gqa)
+    got = grads_of(out, [q, k, v, mask])
+
+    # The reference: the same inputs in fp64 through torch's math backend.
+    ref_inputs = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None
+                  for t in (q, k, v, mask)]
+    ref_mask = ref_inputs[3] if mask is None or mask.dtype != torch.bool else mask
+    ref = torch_math(*ref_inputs[:3], ref_mask, causal, gqa)
+    ref_grads = grads_of(ref, ref_inputs)
+
+    # The baseline: torch's math backend in the test dtype.
+    base_inputs = [t.detach().requires_grad_(t.requires_grad) if t is not None else None
+                   for t in (q, k, v, mask)]
+    base = torch_math(*base_inputs[:3], base_inputs[3], causal, gqa)
+    base_grads = grads_of(base, base_inputs)
+
+    assert out.dtype == dtype and out.shape == (B, Hq, Lq, Dv)
+    assert_close_to_reference(out, ref, base, dtype, "out")
+    names = [n for n, t in zip(["dq", "dk", "dv", "dmask"], [q, k, v, mask])
+             if t is not None and t.requires_grad]
+    for name, g, r, b in zip(names, got, ref_grads, base_grads):
+        assert g.shape == r.shape, f"{name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
+        assert_close_to_reference(g, r, b, dtype, name)
+
+
+def test_is_causal_is_top_left_and_three_dim_inputs(device):
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 20, 32, generator=gen).to(device)  # [N, L, D]: no head dimension
+    k = torch.randn(3, 28, 32, generator=gen).to(device)
+    v = torch.randn(3, 28, 16, generator=gen).to(device)
+    out = mt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                               is_causal=True)
+    assert out.shape == (3, 20, 16)
+    assert (out.double() - ref).abs().max().item() < 1e-5
+    # is_causal is the same as causal="top_left"
+    same = mt.scaled_dot_product_attention(q, k, v, causal="top_left")
+    assert torch.equal(out, same)
+
+
+def test_custom_scale_and_strided_inputs(device):
+    gen = torch.Generator().manual_seed(8)
+    # [B, L, H, D] storage viewed as [B, H, L, D] (the layout a fused qkv projection produces)
+    qkv = torch.randn(2, 37, 3, 4, 64, generator=gen).to(device)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    assert not q.is_contiguous()
+    out = mt.scaled_dot_product_attention(q, k, v, scale=0.3)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                               scale=0.3)
+    assert (out.double() - ref).abs().max().item() < 1e-5
+
+
+def test_rows_that_see_no_key_give_zero(device):
+    # bottom-right causal with Lq > Lk: the first Lq - Lk queries see no key.
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 2, 12, 16, generator=gen).to(device).requires_grad_()
+    k = torch.randn(1, 2, 5, 16, generator=gen).to(device).requires_grad_()
+    v = torch.randn(1, 2, 5, 16, generator=gen).to(device).requires_grad_()
+    out = mt.scaled_dot_product_attention(q, k, v, causal="bottom_right")
+    assert torch.isfinite(out).all()
+    assert (out[:, :, :7] == 0).all()
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (q.grad[:, :, :7] == 0).all()
+
+
+def test_gqa_needs_enable_gqa(device):
+    q = torch.randn(1, 4, 8, 16, device=device)
+    k = torch.randn(1, 2, 8, 16, device=device)
+    with pytest.raises(RuntimeError, match="enable_gqa"):
+        mt.scaled_dot_product_attention(q, k, k)
+
+
+def test_is_causal_with_mask_is_refused_like_torch(device):
+    q = torch.randn(1, 2, 8, 16, device=device)
+    mask = torch.zeros(8, 8, device=device)
+    with pytest.raises(RuntimeError, match="is_causal"):
+        mt.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=True)
+    # the causal= keyword combines with a mask
+    out = mt.scaled_dot_product_attention(q, q, q, attn_mask=mask, causal="top_left")
+    ref = mt.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert (out - ref).abs().max().item() < 1e-6
+
+
+def test_core_errors_arrive_with_their_message(device):
+    q = torch.randn(1, 2, 8, 16, device=device)
+    with pytest.raises(ValueError, match=r"argument `k`: expected dtype"):
+        mt.scaled_dot_product_attention(q, q.half(), q)
+    with pytest.raises(ValueError, match=r"argument `v`"):
+        mt.scaled_dot_product_attention(q, q, torch.randn(1, 2, 9, 16, device=device))
+    with pytest.raises(ValueError, match="dropout_p"):
+        mt.scaled_dot_product_attention(q, q, q, dropout_p=1.0)
+    with pytest.raises(ValueError, match="causal"):
+        mt.scaled_dot_product_attention(q, q, q, causal="diagonal")
+    with pytest.raises(NotImplementedError, match="no_such_backend"):
+        with mt.use_backends("no_such_backend"):
+            mt.scaled_dot_product_attention(q, q, q)
+
+
+def test_introspection():
+    assert mt.version() and "reference" in mt.backend_names()
+    t = mt.dropout_threshold(0.1)
+    assert t.threshold == round(256 * 0.9) and math.isclose(t.p_effective, 1 - t.threshold / 256)
+    assert math.isclose(t.keep_scale, 256 / t.threshold)
+    q = torch.randn(1, 1, 4, 8)
+    with mt.use_backends("reference"):
+        mt.scaled_dot_product_attention(q, q, q)
+    assert mt.last_backends()[0] == "reference"
