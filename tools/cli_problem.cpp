@@ -24,18 +24,24 @@ std::vector<std::int64_t> bias_dims(const ShapeConfig& c) {
   return {c.bias.bcast_b ? 1 : c.B, c.bias.bcast_h ? 1 : c.Hq, c.bias.bcast_q ? 1 : c.Lq, c.lk()};
 }
 
-AttentionArgs AttentionData::args() const {
+AttentionArgs make_args(const ShapeConfig& c, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& bias) {
   AttentionArgs a;
-  a.q = q.view();
-  a.k = k.view();
-  a.v = v.view();
-  if (config.bias.present) a.bias = bias.view();
-  a.scale = config.scale;
-  a.causal = config.causal;
-  a.dropout_p = config.dropout;
-  a.rng.seed = config.seed;
-  a.rng.offset = config.offset;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  if (c.bias.present) a.bias = bias;
+  a.scale = c.scale;
+  a.causal = c.causal;
+  a.dropout_p = c.dropout;
+  a.rng.seed = c.seed;
+  a.rng.offset = c.offset;
   return a;
+}
+
+AttentionArgs AttentionData::args() const {
+  return make_args(config, q.view(), k.view(), v.view(),
+                   config.bias.present ? bias.view() : TensorView{});
 }
 
 BackwardTensors AttentionData::grads() const {
@@ -60,7 +66,8 @@ AttentionData make_attention_data(const ShapeConfig& c, Device device) {
   d.config = c;
   d.device = device;
   d.dtype = c.dtype_on(device.type);
-  const std::int64_t B = c.B, Hq = c.Hq, Hkv = c.hkv(), Lq = c.Lq, Lk = c.lk(), D = c.D, Dv = c.dv();
+  const std::int64_t B = c.B, Hq = c.Hq, Hkv = c.hkv(), Lq = c.Lq, Lk = c.lk(), D = c.D,
+                     Dv = c.dv();
   const Shape q_shape{{B, Hq, Lq, D}}, k_shape{{B, Hkv, Lk, D}}, v_shape{{B, Hkv, Lk, Dv}},
       o_shape{{B, Hq, Lq, Dv}}, lse_shape{{B, Hq, Lq}}, bias_shape{bias_dims(c)};
 
@@ -96,7 +103,8 @@ AttentionData make_attention_data(const ShapeConfig& c, Device device) {
   d.dk = DeviceTensor(device, d.dtype, k_shape);
   d.dv = DeviceTensor(device, d.dtype, v_shape);
   // All-ones bytes are NaN in fp32, fp16 and bf16: an element a backend forgets to write fails.
-  for (DeviceTensor* t : {&d.out, &d.lse, &d.dq, &d.dk, &d.dv, &d.dbias}) t->buffer.fill_bytes(0xFF);
+  for (DeviceTensor* t : {&d.out, &d.lse, &d.dq, &d.dk, &d.dv, &d.dbias})
+    t->buffer.fill_bytes(0xFF);
   return d;
 }
 

@@ -20,6 +20,10 @@ Device resolve_device(DeviceChoice choice, std::string* note);
 // Shapes of the tensors of a problem.
 std::vector<std::int64_t> bias_dims(const ShapeConfig& c);
 
+// The attention arguments of a shape config over the given views (bias only when it has one).
+AttentionArgs make_args(const ShapeConfig& c, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& bias);
+
 struct AttentionData {
   ShapeConfig config;
   Device device{};

@@ -152,16 +152,8 @@ std::vector<CheckResult> check_against_reference(const AttentionData& d, const C
       dk(DType::f64, Shape{k_dims}), dv(DType::f64, Shape{v_dims}), dbias;
   if (c.bias.present) dbias = HostArray(DType::f64, Shape{bias_box});
 
-  AttentionArgs args;
-  args.q = q.view();
-  args.k = k.view();
-  args.v = v.view();
-  if (c.bias.present) args.bias = bias.view();
-  args.scale = c.scale;
-  args.causal = c.causal;
-  args.dropout_p = c.dropout;
-  args.rng.seed = c.seed;
-  args.rng.offset = c.offset;
+  const AttentionArgs args =
+      make_args(c, q.view(), k.view(), v.view(), c.bias.present ? bias.view() : TensorView{});
   Options ref_options;
   ref_options.backends = {"reference"};
   forward(args, out.view(), lse.view(), ref_options);
