@@ -55,6 +55,31 @@ def build_with_cuda() -> bool:
     return available
 
 
+def warn_on_libstdcxx_mismatch():
+    """The extension runs on the libstdc++ this Python process loaded (torch's import brings the
+    system one); a compiler whose own libstdc++ differs compiles inline library code against other
+    headers. Seen once: a build with a non-system g++ crashed inside std::ostream at run time."""
+    import shutil
+    import subprocess
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        return
+    try:
+        own = subprocess.run([compiler, "-print-file-name=libstdc++.so.6"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            loaded = {line.split()[-1] for line in maps if "libstdc++.so" in line}
+    except (OSError, subprocess.CalledProcessError):
+        return
+    if not own or not os.path.isabs(own) or not loaded:
+        return
+    own_real = os.path.realpath(own)
+    if all(os.path.realpath(path) != own_real for path in loaded):
+        print(f"setup.py: warning: the compiler {compiler} ships {own_real}, but this Python runs "
+              f"{', '.join(sorted(loaded))}; if memeff crashes inside the C++ standard library, "
+              f"rebuild with CXX set to the system compiler (e.g. CXX=/usr/bin/g++)", file=sys.stderr)
+
+
 def sources(*patterns):
     found = []
     for pattern in patterns:
@@ -62,6 +87,7 @@ def sources(*patterns):
     return found
 
 
+warn_on_libstdcxx_mismatch()
 with_cuda = build_with_cuda()
 version = project_version()
 
