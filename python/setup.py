@@ -6,6 +6,7 @@
 #   MEMEFF_CUDA=auto|1|0   build the CUDA backends (auto: when torch has CUDA and nvcc exists)
 #   TORCH_CUDA_ARCH_LIST   GPU targets as torch reads them (e.g. "9.0a"); default sm_80 + sm_90a
 #   MAX_JOBS               parallel compile jobs (torch's ninja build)
+#   CXX, CC                the compilers (torch's defaults: c++, and nvcc's own host compiler)
 import glob
 import os
 import re
@@ -55,29 +56,48 @@ def build_with_cuda() -> bool:
     return available
 
 
-def warn_on_libstdcxx_mismatch():
-    """The extension runs on the libstdc++ this Python process loaded (torch's import brings the
-    system one); a compiler whose own libstdc++ differs compiles inline library code against other
-    headers. Seen once: a build with a non-system g++ crashed inside std::ostream at run time."""
-    import shutil
+def links_shared_libstdcxx(compiler: str) -> bool:
+    """Whether `compiler` links C++ shared objects against libstdc++.so. A compiler that finds only
+    libstdc++.a embeds a private copy of the C++ library in memeff._C, whose iostreams were never
+    initialised in a process that loaded the shared one: the first std::ostream use crashes. (Seen
+    on a machine whose CXX was a relocated g++ without its libstdc++.so.) Unknown -> True."""
     import subprocess
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not compiler:
-        return
     try:
-        own = subprocess.run([compiler, "-print-file-name=libstdc++.so.6"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            loaded = {line.split()[-1] for line in maps if "libstdc++.so" in line}
-    except (OSError, subprocess.CalledProcessError):
+        found = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True,
+                               text=True, check=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return True
+    if found == "libstdc++.so":  # not found anywhere: the link would take libstdc++.a
+        return False
+    return not os.path.isabs(found) or os.path.exists(found)
+
+
+def choose_compilers():
+    """torch builds with $CXX (default c++) and hands $CC to nvcc as its host compiler. When $CXX
+    would link libstdc++ statically, switch both to a compiler that links it as a shared library
+    (saying so on stderr), or stop with the reason."""
+    import shutil
+    cxx = os.environ.get("CXX") or "c++"
+    if links_shared_libstdcxx(cxx):
         return
-    if not own or not os.path.isabs(own) or not loaded:
+    current = os.path.realpath(shutil.which(cxx) or cxx)
+    for candidate in ("/usr/bin/g++", shutil.which("g++"), shutil.which("c++")):
+        if not candidate or os.path.realpath(candidate) == current:
+            continue
+        if not os.path.exists(candidate) or not links_shared_libstdcxx(candidate):
+            continue
+        cc = os.path.join(os.path.dirname(candidate), "gcc")
+        print(f"setup.py: CXX={cxx} finds no libstdc++.so and would link the C++ library "
+              f"statically into memeff._C (which then crashes in iostreams); building with "
+              f"CXX={candidate}" + (f" CC={cc}" if os.path.exists(cc) else "") + " instead",
+              file=sys.stderr)
+        os.environ["CXX"] = candidate
+        if os.path.exists(cc):
+            os.environ["CC"] = cc
         return
-    own_real = os.path.realpath(own)
-    if all(os.path.realpath(path) != own_real for path in loaded):
-        print(f"setup.py: warning: the compiler {compiler} ships {own_real}, but this Python runs "
-              f"{', '.join(sorted(loaded))}; if memeff crashes inside the C++ standard library, "
-              f"rebuild with CXX set to the system compiler (e.g. CXX=/usr/bin/g++)", file=sys.stderr)
+    sys.exit(f"setup.py: CXX={cxx} finds no libstdc++.so (`{cxx} -print-file-name=libstdc++.so`) "
+             "and would link the C++ library statically into memeff._C, which crashes at run "
+             "time; set CXX (and CC) to a compiler that links libstdc++ as a shared library")
 
 
 def sources(*patterns):
@@ -87,7 +107,7 @@ def sources(*patterns):
     return found
 
 
-warn_on_libstdcxx_mismatch()
+choose_compilers()
 with_cuda = build_with_cuda()
 version = project_version()
 

@@ -33,7 +33,8 @@ def additive(mask_bool, dtype):
 def reference_attention(q, k, v, bias=None, causal="none", scale=None, keep=None,
                         keep_scale=1.0):
     """softmax(q kᵀ·scale + bias + causal) ∘ keep·keep_scale · v, computed in the inputs' dtype
-    (pass fp64 tensors for the reference). GQA: head h uses key/value head h // (Hq/Hkv)."""
+    (pass fp64 tensors for the reference); rows that see no key give 0. GQA: head h uses
+    key/value head h // (Hq/Hkv)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
@@ -45,8 +46,12 @@ def reference_attention(q, k, v, bias=None, causal="none", scale=None, keep=None
     allowed = causal_keep(q.shape[2], k.shape[2], causal, q.device)
     if allowed is not None:
         s = s.masked_fill(allowed.logical_not(), float("-inf"))
+    # A row with no allowed key (bottom-right causal with Lq > Lk, an all -inf mask row) has
+    # output 0 and no gradient, as in memeff and torch's math backend; softmax alone gives NaN.
+    live = (s.amax(dim=-1, keepdim=True) > float("-inf"))
+    s = torch.where(live, s, torch.zeros_like(s))
     p = torch.softmax(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, dim=-1)
-    p = p.to(q.dtype)
+    p = torch.where(live, p, torch.zeros_like(p)).to(q.dtype)
     if keep is not None:
         p = p * keep.to(p.dtype) * keep_scale
     return p @ v
