@@ -10,6 +10,7 @@
 #include <sstream>
 #include <utility>
 
+#include "cpu/simd_kernels.h"
 #include "memeff/error.h"
 
 #if defined(MEMEFF_WITH_CUDA)
@@ -60,7 +61,8 @@ CudaStatus cuda_status() {
 std::string device_description(Device device) {
   std::ostringstream os;
   if (device.type == DeviceType::cpu) {
-    os << "cpu (" << omp_get_max_threads() << " threads)";
+    os << "cpu (" << omp_get_max_threads() << " threads, " << detail::cpu_kernels().name
+       << " kernels)";
     return os.str();
   }
 #if defined(MEMEFF_WITH_CUDA)

@@ -20,7 +20,7 @@ struct CudaStatus {
 };
 CudaStatus cuda_status();
 
-// "cpu (16 threads)" or "cuda:0 (NVIDIA H200, sm_90, 139 GiB)".
+// "cpu (16 threads, avx512 kernels)" or "cuda:0 (NVIDIA H200, sm_90, 139 GiB)".
 std::string device_description(Device device);
 
 // An owning allocation on the host or a CUDA device. Move-only.

@@ -31,7 +31,7 @@ namespace {
 
 constexpr int kBr = 60;  // query rows per backward tile (10 blocks of the 6-row kernel)
 constexpr int kBrFwd =
-    120;  // forward query rows: 20 blocks of the 6-row kernel, K/V packed once per 120 rows
+    240;  // forward query rows: 40 blocks of the 6-row kernel, K/V packed once per 240 rows
 constexpr int kBc = kCpuKeyTile;           // keys per tile (= dropout column block)
 constexpr std::int64_t kMaxHeadDim = 512;  // per-thread tiles grow with D; beyond: reference
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -140,20 +140,18 @@ std::size_t forward_thread_bytes(const Dims& d) {
 
 std::size_t backward_thread_tile_bytes(const Dims& d) {
   const std::size_t f = 4, w = 8;
-  return Arena::padded(kBc * d.Dp * f)       // K tile
-         + Arena::padded(d.Dp * kBc * f)     // Kᵀ tile
-         + Arena::padded(d.Dvp * kBc * f)    // Vᵀ tile
-         + Arena::padded(kBc * d.Dp * f)     // dK tile
-         + Arena::padded(kBc * d.Dvp * f)    // dV tile
-         + Arena::padded(kBr * d.Dp * f)     // Q tile
-         + Arena::padded(kBr * d.Dvp * f)    // dO tile
-         + 3 * Arena::padded(kBr * kBc * f)  // S/P, dP, dS
-         + 2 * Arena::padded(kBc * kBr * f)  // (P∘Z)ᵀ, dSᵀ
-         + 2 * Arena::padded(kBr * f)        // lse, D_i
-         + Arena::padded(kBr * w)            // keep-bits
-         + Arena::padded(kBc * f)            // bias row / keep multipliers
-         + Arena::padded(kBc * f) +
-         Arena::padded(std::max(d.Dp, d.Dvp) * f) * 2;  // row conversion scratch
+  return Arena::padded(kBc * d.Dp * f)                    // K tile
+         + Arena::padded(d.Dp * kBc * f)                  // Kᵀ tile
+         + Arena::padded(d.Dvp * kBc * f)                 // Vᵀ tile
+         + Arena::padded(kBc * d.Dp * f)                  // dK tile
+         + Arena::padded(kBc * d.Dvp * f)                 // dV tile
+         + Arena::padded(kBr * d.Dp * f)                  // Q tile
+         + Arena::padded(kBr * d.Dvp * f)                 // dO tile
+         + 3 * Arena::padded(kBr * kBc * f)               // S/P (then P∘Z), dP, dS
+         + 2 * Arena::padded(kBr * f)                     // lse, D_i
+         + Arena::padded(kBr * w)                         // keep-bits
+         + Arena::padded(kBc * f)                         // bias row
+         + Arena::padded(2 * std::max(d.Dp, d.Dvp) * f);  // row conversion scratch (two rows)
 }
 
 int max_threads() { return std::max(1, omp_get_max_threads()); }
@@ -236,7 +234,7 @@ class CpuBackend final : public Backend {
     const auto threads = static_cast<std::size_t>(max_threads());
     if (pass == Pass::forward) return kAlign + threads * forward_thread_bytes(d);
     return kAlign + threads * (backward_thread_tile_bytes(d) + dq_partial_bytes(pb, d)) +
-           dbias_shadow_bytes(pb);
+           delta_bytes(pb) + dbias_shadow_bytes(pb);
   }
 
   void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
@@ -247,6 +245,10 @@ class CpuBackend final : public Backend {
  private:
   static std::size_t dq_partial_bytes(const Problem& pb, const Dims& d) {
     return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq * d.Dp) * 4);
+  }
+  // D_i = Σ_e dO·O of the query rows of one kv head (all heads of its group), shared.
+  static std::size_t delta_bytes(const Problem& pb) {
+    return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq) * 4);
   }
   // An fp32 accumulator for dbias when dbias is not fp32 and receives several contributions per
   // element (broadcast bias); the bias itself is that large, so this adds no new order.
@@ -395,6 +397,8 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
   std::byte* parts_base = base + static_cast<std::size_t>(threads) * tile_bytes;
   // Every partial starts at zero (also those of threads the runtime may not start).
   std::memset(parts_base, 0, static_cast<std::size_t>(threads) * part_bytes);
+  float* delta =
+      reinterpret_cast<float*>(parts_base + static_cast<std::size_t>(threads) * part_bytes);
 
   // dbias accumulates in fp32: in dbias itself when it is fp32, in a shadow when it is 16-bit and
   // broadcast, and is written directly (one contribution per element) otherwise.
@@ -409,8 +413,8 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
           for (std::int64_t i = 0; i < db.shape[2]; ++i)
             std::fill_n(static_cast<float*>(db.data) + db.offset(b, h, i, 0), db.shape[3], 0.0f);
     } else if (needs_dbias_shadow(pb)) {
-      shadow =
-          reinterpret_cast<float*>(parts_base + static_cast<std::size_t>(threads) * part_bytes);
+      shadow = reinterpret_cast<float*>(
+          parts_base + static_cast<std::size_t>(threads) * part_bytes + delta_bytes(pb));
       sh_stride[3] = 1;
       sh_stride[2] = db.shape[3];
       sh_stride[1] = db.shape[2] * sh_stride[2];
@@ -440,15 +444,11 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
     float* s = arena.floats(kBr * kBc);
     float* dp = arena.floats(kBr * kBc);
     float* ds = arena.floats(kBr * kBc);
-    float* pzt = arena.floats(kBc * kBr);
-    float* dst = arena.floats(kBc * kBr);
     float* lse_r = arena.floats(kBr);
     float* di = arena.floats(kBr);
     std::uint64_t* keep = arena.words(kBr);
     float* brow = arena.floats(kBc);
-    float* z = arena.floats(kBc);
-    float* conv = arena.floats(std::max(d.Dp, d.Dvp));
-    float* conv2 = arena.floats(std::max(d.Dp, d.Dvp));
+    float* conv = arena.floats(2 * std::max(d.Dp, d.Dvp));
     float* part = reinterpret_cast<float*>(parts_base + part_bytes * static_cast<std::size_t>(tid));
     std::fill(kj, kj + kBc * d.Dp, 0.0f);
     std::fill(qi, qi + kBr * d.Dp, 0.0f);
@@ -456,6 +456,18 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
 
     for (std::int64_t bk = 0; bk < pb.B * pb.Hkv; ++bk) {
       const std::int64_t b = bk / pb.Hkv, kvh = bk % pb.Hkv;
+      // D_i of every query row of this kv head's group, once (not once per key block).
+#pragma omp for schedule(static)
+      for (std::int64_t row = 0; row < G * pb.Lq; ++row) {
+        const std::int64_t h = kvh * G + row / pb.Lq, i = row % pb.Lq;
+        float* o_row = conv;
+        float* do_row = conv + d.Dvp;
+        load_row(g.out, g.out.offset(b, h, i, 0), d.Dv, o_row);
+        load_row(g.dout, g.dout.offset(b, h, i, 0), d.Dv, do_row);
+        double acc = 0.0;
+        for (std::int64_t e = 0; e < d.Dv; ++e) acc += static_cast<double>(do_row[e]) * o_row[e];
+        delta[row] = static_cast<float>(acc);
+      }  // implicit barrier: delta is complete
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t jb = 0; jb < k_blocks; ++jb) {
         const std::int64_t j0 = jb * kBc;
@@ -485,12 +497,8 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
             for (int r = 0; r < rows; ++r) {
               const std::int64_t i = i0 + r;
               load_row(q, q.offset(b, h, i, 0), d.D, qi + r * d.Dp);
-              float* dorow = doi + r * d.Dvp;
-              load_row(g.dout, g.dout.offset(b, h, i, 0), d.Dv, dorow);
-              load_row(g.out, g.out.offset(b, h, i, 0), d.Dv, conv2);
-              float acc = 0.0f;
-              for (std::int64_t e = 0; e < d.Dv; ++e) acc += dorow[e] * conv2[e];
-              di[r] = acc;
+              load_row(g.dout, g.dout.offset(b, h, i, 0), d.Dv, doi + r * d.Dvp);
+              di[r] = delta[hg * pb.Lq + i];
               const float l = lse_data[g.lse.offset(b, h, i)];
               lse_r[r] = l == -kInf ? kInf : l;  // empty row: every P becomes exp(-inf) = 0
             }
@@ -509,22 +517,16 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               float* dsrow = ds + r * kBc;
               const int valid = visible_prefix(pb, i, j0, cols);
               if (valid <= 0) {
-                for (int c = 0; c < kBc; ++c) pzt[c * kBr + r] = dst[c * kBr + r] = dsrow[c] = 0.0f;
+                std::fill(prow, prow + kBc, 0.0f);
+                std::fill(dsrow, dsrow + kBc, 0.0f);
                 continue;
               }
               const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
               kern.scale_bias_max(prow, kBc, scale, bias_row, valid);
               kern.exp_sub_sum(prow, kBc, lse_r[r]);
-              std::fill(z, z + kBc, 1.0f);
-              if (dropout) kern.apply_keep64(z, keep[r], keep_scale);
-              const float dii = di[r];
-              for (int c = 0; c < kBc; ++c) {
-                const float p = prow[c];
-                const float dsv = p * (z[c] * dprow[c] - dii);
-                dsrow[c] = dsv;
-                dst[c * kBr + r] = dsv;
-                pzt[c * kBr + r] = p * z[c];
-              }
+              // dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
+              kern.softmax_grad64(prow, dprow, di[r], dropout ? keep[r] : 0, keep_scale, dropout,
+                                  dsrow);
               if (dbias) {
                 const TensorView& db = *dbias;
                 const std::int64_t bb = db.shape[0] == 1 ? 0 : b, hh = db.shape[1] == 1 ? 0 : h,
@@ -541,10 +543,11 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
                 }
               }
             }
-            kern.gemm(cols, static_cast<int>(d.Dvp), rows, pzt, kBr, doi, static_cast<int>(d.Dvp),
-                      dv, static_cast<int>(d.Dvp), true);
-            kern.gemm(cols, static_cast<int>(d.Dp), rows, dst, kBr, qi, static_cast<int>(d.Dp), dk,
-                      static_cast<int>(d.Dp), true);
+            // dV += (P∘Z)ᵀ·dO and dK += dSᵀ·Q, reading the row-major tiles as transposed factors.
+            kern.gemm_at(cols, static_cast<int>(d.Dvp), rows, s, kBc, doi, static_cast<int>(d.Dvp),
+                         dv, static_cast<int>(d.Dvp), true);
+            kern.gemm_at(cols, static_cast<int>(d.Dp), rows, ds, kBc, qi, static_cast<int>(d.Dp),
+                         dk, static_cast<int>(d.Dp), true);
             kern.gemm(rows, static_cast<int>(d.Dp), cols, ds, kBc, kj, static_cast<int>(d.Dp),
                       part + (hg * pb.Lq + i0) * d.Dp, static_cast<int>(d.Dp), true);
           }

@@ -1,6 +1,6 @@
 // The vector kernels of the cpu backend: tile products, the fused softmax row steps, a fast exp
 // and a vectorized Philox4x32-10 that yields the dropout keep-bits of the shared RNG contract.
-// Each exists as a scalar version and an AVX2+FMA version; the table is chosen at run time.
+// Each exists as a scalar, an AVX2+FMA and an AVX-512 version; the table is chosen at run time.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@ inline constexpr int kCpuKeyTile = 64;
 // Widths (output columns) must be multiples of this: the product kernel works on 16 columns.
 inline constexpr int kCpuColumnQuantum = 16;
 
-enum class CpuIsa : std::uint8_t { scalar, avx2 };
+enum class CpuIsa : std::uint8_t { scalar, avx2, avx512 };  // AVX-512: F, BW, DQ, VL
 
 struct CpuKernels {
   CpuIsa isa = CpuIsa::scalar;
@@ -25,6 +25,17 @@ struct CpuKernels {
   // floats. n must be a multiple of kCpuColumnQuantum.
   void (*gemm)(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
                int ldc, bool accumulate) = nullptr;
+
+  // The same with the left factor stored transposed: A is k×m, element (i, p) at at[p·ldat + i].
+  // For products with a transposed tile (Pᵀ·dO, dSᵀ·Q) without transposing it.
+  void (*gemm_at)(int m, int n, int k, const float* at, int ldat, const float* b, int ldb, float* c,
+                  int ldc, bool accumulate) = nullptr;
+
+  // One row of the softmax gradient over a 64-key tile, z[c] = keep_scale where bit c of keep is
+  // set and 0 elsewhere (1 everywhere when !dropout): ds[c] = p[c]·(z[c]·dp[c] − d), then
+  // p[c] ← p[c]·z[c].
+  void (*softmax_grad64)(float* p, const float* dp, float d, std::uint64_t keep, float keep_scale,
+                         bool dropout, float* ds) = nullptr;
 
   // s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n.
   // Returns the maximum of s[0..n).
@@ -53,12 +64,14 @@ struct CpuKernels {
                  std::uint32_t* out) = nullptr;
 };
 
-// The best table this CPU runs (AVX2+FMA when present, else scalar); MEMEFF_CPU_ISA=scalar
-// forces the scalar one.
+// The best table this CPU runs (AVX-512, else AVX2+FMA, else scalar); MEMEFF_CPU_ISA=scalar,
+// avx2 or avx512 caps it (read once).
 const CpuKernels& cpu_kernels();
 // A specific table; throws memeff::Error when this CPU cannot run it.
 const CpuKernels& cpu_kernels(CpuIsa isa);
 bool cpu_supports(CpuIsa isa);
+CpuIsa best_cpu_isa();
+const char* cpu_isa_name(CpuIsa isa);
 
 // The scalar reference of keep_masks64's spreading step: the 16 keep-bits of the call
 // (col_block64, col_class) placed at their columns of the 64-column block.

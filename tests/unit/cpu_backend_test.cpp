@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <optional>
@@ -60,9 +62,9 @@ namespace {
 
 using test::Case;
 using test::Config;
+using test::expect_close;
 using test::HostTensor;
 using test::Layout;
-using test::expect_close;
 
 // Forward and backward of the cpu backend against the reference on the same inputs.
 void check_against_reference(const Config& c, bool with_backward = true) {
@@ -297,6 +299,10 @@ TEST(CpuBackend, DropoutMaskSeenThroughOutputsEqualsDropoutMask) {
   EXPECT_NEAR(rate, 0.4, 0.03);
 }
 
+constexpr detail::CpuIsa kAllIsas[] = {detail::CpuIsa::scalar, detail::CpuIsa::avx2,
+                                       detail::CpuIsa::avx512};
+constexpr detail::CpuIsa kVectorIsas[] = {detail::CpuIsa::avx2, detail::CpuIsa::avx512};
+
 // The vector keep-bit generator against the public packed mask, word for word, far out in rows,
 // columns and heads.
 TEST(CpuKernels, KeepMasksEqualDropoutKeepBits) {
@@ -315,7 +321,7 @@ TEST(CpuKernels, KeepMasksEqualDropoutKeepBits) {
     std::vector<std::uint64_t> bits(static_cast<std::size_t>(w.rows * 3));
     dropout_keep_bits(seed, offset, p, w, bits.data());
     const std::uint64_t bh = 3 * 5 + 4;
-    for (detail::CpuIsa isa : {detail::CpuIsa::scalar, detail::CpuIsa::avx2}) {
+    for (detail::CpuIsa isa : kAllIsas) {
       if (!detail::cpu_supports(isa)) continue;
       const detail::CpuKernels& k = detail::cpu_kernels(isa);
       for (int cb = 0; cb < 3; ++cb) {
@@ -341,7 +347,7 @@ TEST(CpuKernels, VectorPhiloxMatchesScalarBitForBit) {
     for (auto& x : v) x = static_cast<std::uint32_t>(rng());
   }
   c[0][0] = c[1][0] = c[2][0] = c[3][0] = 0;
-  for (detail::CpuIsa isa : {detail::CpuIsa::scalar, detail::CpuIsa::avx2}) {
+  for (detail::CpuIsa isa : kAllIsas) {
     if (!detail::cpu_supports(isa)) continue;
     for (auto [k0, k1] :
          {std::pair<std::uint32_t, std::uint32_t>{0u, 0u}, {0xDEADBEEFu, 0x12345u}}) {
@@ -364,8 +370,6 @@ TEST(CpuKernels, VectorPhiloxMatchesScalarBitForBit) {
 }
 
 TEST(CpuKernels, FastExpIsAccurateAndZeroBelowRange) {
-  if (!detail::cpu_supports(detail::CpuIsa::avx2)) GTEST_SKIP() << "no AVX2";
-  const auto& k = detail::cpu_kernels(detail::CpuIsa::avx2);
   std::vector<float> x, y;
   for (float v = -87.0f; v < 88.0f; v += 0.01173f) x.push_back(v);
   for (float v :
@@ -373,38 +377,152 @@ TEST(CpuKernels, FastExpIsAccurateAndZeroBelowRange) {
     x.push_back(v);
   while (x.size() % 8) x.push_back(0.5f);
   y.resize(x.size());
-  k.exp(x.data(), y.data(), static_cast<int>(x.size()));
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (x[i] < -87.4f) {
-      EXPECT_EQ(y[i], 0.0f) << "x " << x[i];
-      continue;
+  int tested = 0;
+  for (detail::CpuIsa isa : kVectorIsas) {
+    if (!detail::cpu_supports(isa)) continue;
+    ++tested;
+    const auto& k = detail::cpu_kernels(isa);
+    std::fill(y.begin(), y.end(), -1.0f);
+    k.exp(x.data(), y.data(), static_cast<int>(x.size()));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (x[i] < -87.4f) {
+        EXPECT_EQ(y[i], 0.0f) << k.name << " x " << x[i];
+        continue;
+      }
+      const double e = std::exp(static_cast<double>(x[i]));
+      ASSERT_LE(std::abs(y[i] - e), 4e-7 * e) << k.name << " x " << x[i];
     }
-    const double e = std::exp(static_cast<double>(x[i]));
-    ASSERT_LE(std::abs(y[i] - e), 4e-7 * e) << "x " << x[i];
+  }
+  if (tested == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
+  if (detail::cpu_supports(detail::CpuIsa::avx2) && detail::cpu_supports(detail::CpuIsa::avx512)) {
+    std::vector<float> y2(x.size()), y5(x.size());
+    detail::cpu_kernels(detail::CpuIsa::avx2).exp(x.data(), y2.data(), static_cast<int>(x.size()));
+    detail::cpu_kernels(detail::CpuIsa::avx512)
+        .exp(x.data(), y5.data(), static_cast<int>(x.size()));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&y2[i], &y5[i], sizeof(float)), 0)
+          << "avx2 and avx512 exp differ at x " << x[i] << ": " << y2[i] << " vs " << y5[i];
+    }
   }
 }
 
+// Every vector table computes the same tile products as the scalar one, including the column
+// and row tails of each register block (n a multiple of 16, any m and k).
 TEST(CpuKernels, VectorProductMatchesScalar) {
-  if (!detail::cpu_supports(detail::CpuIsa::avx2)) GTEST_SKIP() << "no AVX2";
   std::mt19937_64 rng(9);
   std::normal_distribution<float> nd;
-  for (auto [m, n, k] :
-       {std::tuple<int, int, int>{1, 16, 1}, {7, 32, 13}, {64, 64, 64}, {13, 48, 80}}) {
-    const int lda = k + 3, ldb = n + 16, ldc = n + 16;
-    std::vector<float> a(m * lda), b(k * ldb), c1(m * ldc, 1.0f), c2(m * ldc, 1.0f);
-    for (auto& v : a) v = nd(rng);
-    for (auto& v : b) v = nd(rng);
-    for (bool acc : {false, true}) {
-      detail::cpu_kernels(detail::CpuIsa::scalar)
-          .gemm(m, n, k, a.data(), lda, b.data(), ldb, c1.data(), ldc, acc);
-      detail::cpu_kernels(detail::CpuIsa::avx2)
-          .gemm(m, n, k, a.data(), lda, b.data(), ldb, c2.data(), ldc, acc);
+  int tested = 0;
+  for (detail::CpuIsa isa : kVectorIsas) {
+    if (!detail::cpu_supports(isa)) continue;
+    ++tested;
+    for (auto [m, n, k] : {std::tuple<int, int, int>{1, 16, 1},
+                           {7, 32, 13},
+                           {64, 64, 64},
+                           {13, 48, 80},
+                           {5, 80, 3},
+                           {12, 16, 64}}) {
+      const int lda = k + 3, ldb = n + 16, ldc = n + 16;
+      std::vector<float> a(m * lda), b(k * ldb), c1(m * ldc, 1.0f), c2(m * ldc, 1.0f);
+      for (auto& v : a) v = nd(rng);
+      for (auto& v : b) v = nd(rng);
+      // The same left factor stored transposed (k×m, leading dimension m + 5) for gemm_at.
+      const int ldat = m + 5;
+      std::vector<float> at(k * ldat, 0.0f), c3(m * ldc, 1.0f);
       for (int i = 0; i < m; ++i)
-        for (int j = 0; j < ldc; ++j)
-          ASSERT_NEAR(c1[i * ldc + j], c2[i * ldc + j], 1e-4 * std::sqrt(k))
-              << "m " << m << " n " << n << " k " << k << " at " << i << "," << j;
+        for (int p = 0; p < k; ++p) at[p * ldat + i] = a[i * lda + p];
+      for (bool acc : {false, true}) {
+        detail::cpu_kernels(detail::CpuIsa::scalar)
+            .gemm(m, n, k, a.data(), lda, b.data(), ldb, c1.data(), ldc, acc);
+        detail::cpu_kernels(isa).gemm(m, n, k, a.data(), lda, b.data(), ldb, c2.data(), ldc, acc);
+        detail::cpu_kernels(isa).gemm_at(m, n, k, at.data(), ldat, b.data(), ldb, c3.data(), ldc,
+                                         acc);
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < ldc; ++j) {
+            ASSERT_NEAR(c1[i * ldc + j], c2[i * ldc + j], 1e-4 * std::sqrt(k))
+                << detail::cpu_isa_name(isa) << " m " << m << " n " << n << " k " << k << " at "
+                << i << "," << j;
+            ASSERT_NEAR(c1[i * ldc + j], c3[i * ldc + j], 1e-4 * std::sqrt(k))
+                << detail::cpu_isa_name(isa) << " gemm_at m " << m << " n " << n << " k " << k
+                << " at " << i << "," << j;
+          }
+      }
     }
   }
+  if (tested == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
+}
+
+// The softmax row steps and the keep-mask multiply of every vector table against the scalar
+// table, with the valid prefix ending inside and at the edges of a vector.
+TEST(CpuKernels, VectorRowStepsMatchScalar) {
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const auto& ref = detail::cpu_kernels(detail::CpuIsa::scalar);
+  int tested = 0;
+  for (detail::CpuIsa isa : kVectorIsas) {
+    if (!detail::cpu_supports(isa)) continue;
+    ++tested;
+    const auto& k = detail::cpu_kernels(isa);
+    for (int n : {8, 16, 24, 64}) {
+      for (int valid : {0, 1, 5, 8, 15, 16, 17, 37, 63, 64}) {
+        if (valid > n) continue;
+        for (bool with_bias : {false, true}) {
+          std::vector<float> s1(n), bias(n);
+          for (auto& v : s1) v = nd(rng);
+          for (auto& v : bias) v = nd(rng);
+          std::vector<float> s2 = s1;
+          const float* b = with_bias ? bias.data() : nullptr;
+          const float m1 = ref.scale_bias_max(s1.data(), n, 0.37f, b, valid);
+          const float m2 = k.scale_bias_max(s2.data(), n, 0.37f, b, valid);
+          const std::string where = std::string(k.name) + " n " + std::to_string(n) + " valid " +
+                                    std::to_string(valid) + (with_bias ? " bias" : "");
+          // Equal up to a fused multiply-add the compiler may form in one table and not another
+          // (one rounding of s·scale, of magnitude up to a few units here).
+          const auto close = [](float a, float b) {
+            return a == b || std::abs(a - b) <= 1e-6f * (4.0f + std::abs(a));
+          };
+          ASSERT_TRUE(close(m1, m2)) << where << ": " << m1 << " vs " << m2;
+          for (int c = 0; c < n; ++c)
+            ASSERT_TRUE(close(s1[c], s2[c]))
+                << where << " col " << c << ": " << s1[c] << " vs " << s2[c];
+          if (valid == 0) continue;
+          const float sum1 = ref.exp_sub_sum(s1.data(), n, m1);
+          const float sum2 = k.exp_sub_sum(s2.data(), n, m2);
+          ASSERT_NEAR(sum1, sum2, 1e-5f * sum1) << where;
+          for (int c = 0; c < n; ++c) {
+            ASSERT_NEAR(s1[c], s2[c], 1e-6f) << where << " col " << c;
+            if (c >= valid) {
+              ASSERT_EQ(s2[c], 0.0f) << where << " col " << c;
+            }
+          }
+        }
+      }
+    }
+    std::vector<float> x1(64), x2;
+    for (auto& v : x1) v = nd(rng);
+    x2 = x1;
+    const std::uint64_t keep = 0x8000F00F0FF0A5C3ull;
+    ref.apply_keep64(x1.data(), keep, 1.25f);
+    k.apply_keep64(x2.data(), keep, 1.25f);
+    for (int c = 0; c < 64; ++c) ASSERT_EQ(x1[c], x2[c]) << k.name << " col " << c;
+    // The softmax gradient row: dS = P∘(Z∘dP − D) and P ← P∘Z, with and without dropout.
+    for (bool dropout : {false, true}) {
+      std::vector<float> p1(64), dp(64), ds1(64), ds2(64);
+      for (auto& v : p1) v = std::abs(nd(rng)) * 0.01f;
+      for (auto& v : dp) v = nd(rng);
+      std::vector<float> p2 = p1;
+      ref.softmax_grad64(p1.data(), dp.data(), 0.3f, keep, 1.25f, dropout, ds1.data());
+      k.softmax_grad64(p2.data(), dp.data(), 0.3f, keep, 1.25f, dropout, ds2.data());
+      for (int c = 0; c < 64; ++c) {
+        const bool kept = !dropout || ((keep >> c) & 1u);
+        ASSERT_EQ(p1[c], p2[c]) << k.name << " pz col " << c;
+        ASSERT_NEAR(ds1[c], ds2[c], 1e-6f) << k.name << " ds col " << c;
+        if (!kept) {
+          ASSERT_EQ(p2[c], 0.0f) << k.name << " dropped col " << c;
+        }
+      }
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
 }
 
 // Lq = Lk = 16384: the backend's extra memory is its workspace (O(threads · tile)), nothing that
