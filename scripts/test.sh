@@ -8,6 +8,10 @@ scripts/build.sh
 ctest --test-dir "${MEMEFF_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
 
 if python3 -c "import torch" 2>/dev/null; then
+  if ! python3 -c "import pytest" 2>/dev/null; then
+    echo "torch is importable but pytest is not: python3 -m pip install pytest, then rerun" >&2
+    exit 1
+  fi
   mkdir -p "${MEMEFF_BUILD_DIR:-build}/python-site"
   site="$(cd "${MEMEFF_BUILD_DIR:-build}/python-site" && pwd)"
   echo "== the PyTorch package: pip install --target $site ./python, then pytest python/tests" >&2
