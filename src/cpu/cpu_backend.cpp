@@ -343,20 +343,8 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
             continue;
           }
           const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
-          const float tile_max = kern.scale_bias_max(srow, kBc, scale, bias_row, valid);
-          const float m_new = std::max(m[r], tile_max);
-          if (m_new == -kInf) {  // nothing visible yet (bias of -inf)
-            std::fill(srow, srow + kBc, 0.0f);
-            continue;
-          }
-          const float alpha = std::exp(m[r] - m_new);
-          const float sum = kern.exp_sub_sum(srow, kBc, m_new);
-          if (alpha != 1.0f) {
-            float* orow = o + r * d.Dvp;
-            for (std::int64_t e = 0; e < d.Dvp; ++e) orow[e] *= alpha;
-          }
-          l[r] = l[r] * alpha + sum;
-          m[r] = m_new;
+          kern.online_softmax64(srow, scale, bias_row, valid, &m[r], &l[r], o + r * d.Dvp,
+                                static_cast<int>(d.Dvp));
           if (dropout) kern.apply_keep64(srow, keep[r], 1.0f);
         }
         kern.gemm(rows, static_cast<int>(d.Dvp), cols, s, kBc, vs, static_cast<int>(d.Dvp), o,
@@ -522,11 +510,9 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
                 continue;
               }
               const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
-              kern.scale_bias_max(prow, kBc, scale, bias_row, valid);
-              kern.exp_sub_sum(prow, kBc, lse_r[r]);
-              // dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
-              kern.softmax_grad64(prow, dprow, di[r], dropout ? keep[r] : 0, keep_scale, dropout,
-                                  dsrow);
+              // P = exp(S·scale + bias − lse), dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
+              kern.softmax_grad64(prow, dprow, dsrow, scale, bias_row, valid, lse_r[r], di[r],
+                                  dropout ? keep[r] : 0, keep_scale, dropout);
               if (dbias) {
                 const TensorView& db = *dbias;
                 const std::int64_t bb = db.shape[0] == 1 ? 0 : b, hh = db.shape[1] == 1 ? 0 : h,

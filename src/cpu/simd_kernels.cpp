@@ -59,15 +59,8 @@ void gemm_at_scalar(int m, int n, int k, const float* at, int ldat, const float*
   }
 }
 
-void softmax_grad64_scalar(float* p, const float* dp, float d, std::uint64_t keep, float keep_scale,
-                           bool dropout, float* ds) {
-  for (int c = 0; c < 64; ++c) {
-    const float z = !dropout ? 1.0f : ((keep >> c) & 1u) ? keep_scale : 0.0f;
-    ds[c] = p[c] * (z * dp[c] - d);
-    p[c] *= z;
-  }
-}
-
+// s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n;
+// returns the maximum. (The scalar steps the fused row kernels are made of.)
 float scale_bias_max_scalar(float* s, int n, float scale, const float* bias, int valid) {
   valid = std::clamp(valid, 0, n);
   float mx = kNegInf;
@@ -79,6 +72,28 @@ float scale_bias_max_scalar(float* s, int n, float scale, const float* bias, int
   return mx;
 }
 
+void online_softmax64_scalar(float* s, float scale, const float* bias, int valid, float* m,
+                             float* l, float* o, int n) {
+  const float tile_max = scale_bias_max_scalar(s, 64, scale, bias, valid);
+  const float m_new = std::max(*m, tile_max);
+  if (m_new == kNegInf) {
+    std::fill(s, s + 64, 0.0f);
+    return;
+  }
+  const float alpha = *m == m_new ? 1.0f : std::exp(*m - m_new);
+  float sum = 0.0f;
+  for (int c = 0; c < 64; ++c) {
+    s[c] = std::exp(s[c] - m_new);
+    sum += s[c];
+  }
+  if (alpha != 1.0f) {
+    for (int e = 0; e < n; ++e) o[e] *= alpha;
+  }
+  *l = *l * alpha + sum;
+  *m = m_new;
+}
+
+// s[c] = exp(s[c] - sub); returns the sum.
 float exp_sub_sum_scalar(float* s, int n, float sub) {
   float sum = 0.0f;
   for (int c = 0; c < n; ++c) {
@@ -86,6 +101,18 @@ float exp_sub_sum_scalar(float* s, int n, float sub) {
     sum += s[c];
   }
   return sum;
+}
+
+void softmax_grad64_scalar(float* s, const float* dp, float* ds, float scale, const float* bias,
+                           int valid, float lse, float d, std::uint64_t keep, float keep_scale,
+                           bool dropout) {
+  scale_bias_max_scalar(s, 64, scale, bias, valid);
+  exp_sub_sum_scalar(s, 64, lse);
+  for (int c = 0; c < 64; ++c) {
+    const float z = !dropout ? 1.0f : ((keep >> c) & 1u) ? keep_scale : 0.0f;
+    ds[c] = s[c] * (z * dp[c] - d);
+    s[c] *= z;
+  }
 }
 
 void exp_scalar(const float* x, float* y, int n) {
@@ -163,8 +190,8 @@ MEMEFF_AVX2 inline void micro_6x16(int k, const float* a, int lda, const float* 
   }
     MEMEFF_ROW(0, a0, c00, c01)
     MEMEFF_ROW(1, a1, c10, c11)
-    MEMEFF_ROW(2, a2, c20, c21) MEMEFF_ROW(3, a3, c30, c31) MEMEFF_ROW(4, a4, c40, c41)
-        MEMEFF_ROW(5, a5, c50, c51)
+    MEMEFF_ROW(2, a2, c20, c21)
+    MEMEFF_ROW(3, a3, c30, c31) MEMEFF_ROW(4, a4, c40, c41) MEMEFF_ROW(5, a5, c50, c51)
 #undef MEMEFF_ROW
   }
 #define MEMEFF_ROW(r, x0, x1)              \
@@ -222,25 +249,6 @@ MEMEFF_AVX2 void gemm_at_avx2(int m, int n, int k, const float* at, int ldat, co
   gemm_avx2_impl<true>(m, n, k, at, ldat, b, ldb, c, ldc, accumulate);
 }
 
-MEMEFF_AVX2 void softmax_grad64_avx2(float* p, const float* dp, float d, std::uint64_t keep,
-                                     float keep_scale, bool dropout, float* ds) {
-  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256 vd = _mm256_set1_ps(d);
-  const __m256 vscale = _mm256_set1_ps(dropout ? keep_scale : 1.0f);
-  for (int c = 0; c < 64; c += 8) {
-    __m256 z = vscale;
-    if (dropout) {
-      const __m256i byte = _mm256_set1_epi32(static_cast<int>((keep >> c) & 0xFFu));
-      const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(byte, lane_bit), lane_bit);
-      z = _mm256_and_ps(z, _mm256_castsi256_ps(on));
-    }
-    const __m256 pv = _mm256_loadu_ps(p + c);
-    const __m256 zdp = _mm256_mul_ps(z, _mm256_loadu_ps(dp + c));
-    _mm256_storeu_ps(ds + c, _mm256_mul_ps(pv, _mm256_sub_ps(zdp, vd)));
-    _mm256_storeu_ps(p + c, _mm256_mul_ps(pv, z));
-  }
-}
-
 // exp(x) for fp32: x = n·ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 polynomial (Cephes
 // expf coefficients, about 1 ulp), 2^n put into the exponent bits. Inputs below -87.3 (the
 // normal range) give exactly 0, so -inf maps to 0; inputs above 88.3 saturate.
@@ -286,39 +294,74 @@ MEMEFF_AVX2 float hmax_avx2(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-MEMEFF_AVX2 float scale_bias_max_avx2(float* s, int n, float scale, const float* bias, int valid) {
-  valid = std::clamp(valid, 0, n);
-  const __m256 vscale = _mm256_set1_ps(scale);
-  __m256 mx = _mm256_set1_ps(kNegInf);
-  int c = 0;
-  for (; c + 8 <= valid; c += 8) {
-    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + c), vscale);
-    if (bias) x = _mm256_add_ps(x, _mm256_loadu_ps(bias + c));
-    _mm256_storeu_ps(s + c, x);
-    mx = _mm256_max_ps(mx, x);
-  }
-  float m = hmax_avx2(mx);
-  for (; c < valid; ++c) {
-    s[c] = s[c] * scale + (bias ? bias[c] : 0.0f);
-    m = std::max(m, s[c]);
-  }
-  for (; c < n; ++c) s[c] = kNegInf;
-  return m;
-}
-
-MEMEFF_AVX2 float exp_sub_sum_avx2(float* s, int n, float sub) {
-  const __m256 vsub = _mm256_set1_ps(sub);
-  __m256 sum = _mm256_setzero_ps();
-  for (int c = 0; c < n; c += 8) {
-    const __m256 y = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + c), vsub));
-    _mm256_storeu_ps(s + c, y);
-    sum = _mm256_add_ps(sum, y);
-  }
-  return hsum_avx2(sum);
-}
-
 MEMEFF_AVX2 void exp_avx2_array(const float* x, float* y, int n) {
   for (int c = 0; c < n; c += 8) _mm256_storeu_ps(y + c, exp_avx2(_mm256_loadu_ps(x + c)));
+}
+
+// The row in eight registers: one pass for scale, bias, mask and max, one for exp and sum.
+MEMEFF_AVX2 void online_softmax64_avx2(float* s, float scale, const float* bias, int valid,
+                                       float* m, float* l, float* o, int n) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 x[8];
+  __m256 mx = neg_inf;
+#pragma GCC unroll 8
+  for (int q = 0; q < 8; ++q) {
+    const __m256 live = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * q), lane));  // lane < valid - 8q
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + 8 * q), vscale);
+    if (bias) v = _mm256_add_ps(v, _mm256_maskload_ps(bias + 8 * q, _mm256_castps_si256(live)));
+    x[q] = _mm256_blendv_ps(neg_inf, v, live);
+    mx = _mm256_max_ps(mx, x[q]);
+  }
+  const float m_new = std::max(*m, hmax_avx2(mx));
+  if (m_new == kNegInf) {
+    for (int q = 0; q < 8; ++q) _mm256_storeu_ps(s + 8 * q, _mm256_setzero_ps());
+    return;
+  }
+  const __m256 vsub = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int q = 0; q < 8; ++q) {
+    const __m256 y = exp_avx2(_mm256_sub_ps(x[q], vsub));
+    _mm256_storeu_ps(s + 8 * q, y);
+    sum = _mm256_add_ps(sum, y);
+  }
+  if (*m != m_new) {
+    const __m256 alpha = exp_avx2(_mm256_set1_ps(*m - m_new));
+    for (int e = 0; e < n; e += 8)
+      _mm256_storeu_ps(o + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), alpha));
+    *l *= _mm256_cvtss_f32(alpha);
+  }
+  *l += hsum_avx2(sum);
+  *m = m_new;
+}
+
+MEMEFF_AVX2 void softmax_grad64_avx2(float* s, const float* dp, float* ds, float scale,
+                                     const float* bias, int valid, float lse, float d,
+                                     std::uint64_t keep, float keep_scale, bool dropout) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 vscale = _mm256_set1_ps(scale), vlse = _mm256_set1_ps(lse);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256 vd = _mm256_set1_ps(d);
+  const __m256 vkeep = _mm256_set1_ps(dropout ? keep_scale : 1.0f);
+  for (int c = 0; c < 64; c += 8) {
+    const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - c), lane));
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + c), vscale);
+    if (bias) x = _mm256_add_ps(x, _mm256_maskload_ps(bias + c, _mm256_castps_si256(live)));
+    const __m256 pv = exp_avx2(_mm256_sub_ps(_mm256_blendv_ps(neg_inf, x, live), vlse));
+    __m256 z = vkeep;
+    if (dropout) {
+      const __m256i byte = _mm256_set1_epi32(static_cast<int>((keep >> c) & 0xFFu));
+      const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(byte, lane_bit), lane_bit);
+      z = _mm256_and_ps(z, _mm256_castsi256_ps(on));
+    }
+    const __m256 zdp = _mm256_mul_ps(z, _mm256_loadu_ps(dp + c));
+    _mm256_storeu_ps(ds + c, _mm256_mul_ps(pv, _mm256_sub_ps(zdp, vd)));
+    _mm256_storeu_ps(s + c, _mm256_mul_ps(pv, z));
+  }
 }
 
 MEMEFF_AVX2 void apply_keep64_avx2(float* x, std::uint64_t keep, float factor) {
@@ -521,21 +564,6 @@ MEMEFF_AVX512 void gemm_at_avx512(int m, int n, int k, const float* at, int ldat
   gemm_avx512_impl<true>(m, n, k, at, ldat, b, ldb, c, ldc, accumulate);
 }
 
-MEMEFF_AVX512 void softmax_grad64_avx512(float* p, const float* dp, float d, std::uint64_t keep,
-                                         float keep_scale, bool dropout, float* ds) {
-  const __m512 vd = _mm512_set1_ps(d);
-  const __m512 vscale = _mm512_set1_ps(dropout ? keep_scale : 1.0f);
-  for (int c = 0; c < 64; c += 16) {
-    const auto on =
-        dropout ? static_cast<__mmask16>((keep >> c) & 0xFFFFu) : static_cast<__mmask16>(0xFFFF);
-    const __m512 z = _mm512_maskz_mov_ps(on, vscale);
-    const __m512 pv = _mm512_loadu_ps(p + c);
-    const __m512 zdp = _mm512_mul_ps(z, _mm512_loadu_ps(dp + c));
-    _mm512_storeu_ps(ds + c, _mm512_mul_ps(pv, _mm512_sub_ps(zdp, vd)));
-    _mm512_storeu_ps(p + c, _mm512_mul_ps(pv, z));
-  }
-}
-
 // The AVX2 polynomial, with 2^n applied by one vscalefps: p·2^n is exact, or (subnormal results)
 // rounded once, as p·2^⌊n/2⌋·2^⌈n/2⌉ is in exp_avx2, so both give the same bits.
 MEMEFF_AVX512 inline __m512 exp_avx512(__m512 x) {
@@ -563,39 +591,70 @@ MEMEFF_AVX512 inline __mmask16 first_lanes(int count) {
                      : static_cast<__mmask16>((1u << std::max(count, 0)) - 1u);
 }
 
-MEMEFF_AVX512 float scale_bias_max_avx512(float* s, int n, float scale, const float* bias,
-                                          int valid) {
-  valid = std::clamp(valid, 0, n);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  __m512 mx = neg_inf;
-  for (int c = 0; c < n; c += 16) {
-    const __mmask16 in_row = first_lanes(n - c), live = first_lanes(valid - c);
-    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + c), vscale);
-    if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(live, bias + c));
-    x = _mm512_mask_blend_ps(live, neg_inf, x);
-    _mm512_mask_storeu_ps(s + c, in_row, x);
-    mx = _mm512_max_ps(mx, x);
-  }
-  return _mm512_reduce_max_ps(mx);
-}
-
-MEMEFF_AVX512 float exp_sub_sum_avx512(float* s, int n, float sub) {
-  const __m512 vsub = _mm512_set1_ps(sub);
-  __m512 sum = _mm512_setzero_ps();
-  for (int c = 0; c < n; c += 16) {
-    const __mmask16 in_row = first_lanes(n - c);
-    const __m512 y = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(in_row, s + c), vsub));
-    _mm512_mask_storeu_ps(s + c, in_row, y);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(in_row, y));
-  }
-  return _mm512_reduce_add_ps(sum);
-}
-
 MEMEFF_AVX512 void exp_avx512_array(const float* x, float* y, int n) {
   for (int c = 0; c < n; c += 16) {
     const __mmask16 in_row = first_lanes(n - c);
     _mm512_mask_storeu_ps(y + c, in_row, exp_avx512(_mm512_maskz_loadu_ps(in_row, x + c)));
+  }
+}
+
+// The row in four registers: one pass for scale, bias, mask and max, one for exp and sum.
+MEMEFF_AVX512 void online_softmax64_avx512(float* s, float scale, const float* bias, int valid,
+                                           float* m, float* l, float* o, int n) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  __m512 x[4];
+  __m512 mx = neg_inf;
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __mmask16 live = first_lanes(valid - 16 * q);
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * q), vscale);
+    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, bias + 16 * q));
+    x[q] = _mm512_mask_blend_ps(live, neg_inf, v);
+    mx = _mm512_max_ps(mx, x[q]);
+  }
+  const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
+  if (m_new == kNegInf) {
+    for (int q = 0; q < 4; ++q) _mm512_storeu_ps(s + 16 * q, _mm512_setzero_ps());
+    return;
+  }
+  const __m512 vsub = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512 y = exp_avx512(_mm512_sub_ps(x[q], vsub));
+    _mm512_storeu_ps(s + 16 * q, y);
+    sum = _mm512_add_ps(sum, y);
+  }
+  if (*m != m_new) {
+    const __m512 alpha = exp_avx512(_mm512_set1_ps(*m - m_new));
+    for (int e = 0; e < n; e += 16) {
+      _mm512_storeu_ps(o + e, _mm512_mul_ps(_mm512_loadu_ps(o + e), alpha));
+    }
+    *l *= _mm512_cvtss_f32(alpha);
+  }
+  *l += _mm512_reduce_add_ps(sum);
+  *m = m_new;
+}
+
+MEMEFF_AVX512 void softmax_grad64_avx512(float* s, const float* dp, float* ds, float scale,
+                                         const float* bias, int valid, float lse, float d,
+                                         std::uint64_t keep, float keep_scale, bool dropout) {
+  const __m512 vscale = _mm512_set1_ps(scale), vlse = _mm512_set1_ps(lse);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  const __m512 vd = _mm512_set1_ps(d);
+  const __m512 vkeep = _mm512_set1_ps(dropout ? keep_scale : 1.0f);
+  for (int c = 0; c < 64; c += 16) {
+    const __mmask16 live = first_lanes(valid - c);
+    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + c), vscale);
+    if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(live, bias + c));
+    const __m512 pv = exp_avx512(_mm512_sub_ps(_mm512_mask_blend_ps(live, neg_inf, x), vlse));
+    const auto on =
+        dropout ? static_cast<__mmask16>((keep >> c) & 0xFFFFu) : static_cast<__mmask16>(0xFFFF);
+    const __m512 z = _mm512_maskz_mov_ps(on, vkeep);
+    const __m512 zdp = _mm512_mul_ps(z, _mm512_loadu_ps(dp + c));
+    _mm512_storeu_ps(ds + c, _mm512_mul_ps(pv, _mm512_sub_ps(zdp, vd)));
+    _mm512_storeu_ps(s + c, _mm512_mul_ps(pv, z));
   }
 }
 
@@ -692,8 +751,7 @@ CpuKernels make_scalar() {
   k.gemm = gemm_scalar;
   k.gemm_at = gemm_at_scalar;
   k.softmax_grad64 = softmax_grad64_scalar;
-  k.scale_bias_max = scale_bias_max_scalar;
-  k.exp_sub_sum = exp_sub_sum_scalar;
+  k.online_softmax64 = online_softmax64_scalar;
   k.exp = exp_scalar;
   k.keep_masks64 = keep_masks64_scalar;
   k.apply_keep64 = apply_keep64_scalar;
@@ -708,8 +766,7 @@ CpuKernels make_avx2() {
   k.gemm = gemm_avx2;
   k.gemm_at = gemm_at_avx2;
   k.softmax_grad64 = softmax_grad64_avx2;
-  k.scale_bias_max = scale_bias_max_avx2;
-  k.exp_sub_sum = exp_sub_sum_avx2;
+  k.online_softmax64 = online_softmax64_avx2;
   k.exp = exp_avx2_array;
   k.keep_masks64 = keep_masks64_avx2;
   k.apply_keep64 = apply_keep64_avx2;
@@ -724,8 +781,7 @@ CpuKernels make_avx512() {
   k.gemm = gemm_avx512;
   k.gemm_at = gemm_at_avx512;
   k.softmax_grad64 = softmax_grad64_avx512;
-  k.scale_bias_max = scale_bias_max_avx512;
-  k.exp_sub_sum = exp_sub_sum_avx512;
+  k.online_softmax64 = online_softmax64_avx512;
   k.exp = exp_avx512_array;
   k.keep_masks64 = keep_masks64_avx512;
   k.apply_keep64 = apply_keep64_avx512;

@@ -31,19 +31,20 @@ struct CpuKernels {
   void (*gemm_at)(int m, int n, int k, const float* at, int ldat, const float* b, int ldb, float* c,
                   int ldc, bool accumulate) = nullptr;
 
-  // One row of the softmax gradient over a 64-key tile, z[c] = keep_scale where bit c of keep is
-  // set and 0 elsewhere (1 everywhere when !dropout): ds[c] = p[c]·(z[c]·dp[c] − d), then
-  // p[c] ← p[c]·z[c].
-  void (*softmax_grad64)(float* p, const float* dp, float d, std::uint64_t keep, float keep_scale,
-                         bool dropout, float* ds) = nullptr;
+  // One query row of the backward over a 64-key tile, from its raw scores s: P[c] = exp(s[c]·scale
+  // + bias[c] − lse) for c < valid and 0 beyond (bias may be null; lse = +inf gives P = 0);
+  // z[c] = keep_scale where bit c of keep is set and 0 elsewhere (1 everywhere when !dropout):
+  // ds[c] = P[c]·(z[c]·dp[c] − d), and s[c] ← P[c]·z[c].
+  void (*softmax_grad64)(float* s, const float* dp, float* ds, float scale, const float* bias,
+                         int valid, float lse, float d, std::uint64_t keep, float keep_scale,
+                         bool dropout) = nullptr;
 
-  // s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n.
-  // Returns the maximum of s[0..n).
-  float (*scale_bias_max)(float* s, int n, float scale, const float* bias, int valid) = nullptr;
-
-  // s[c] = exp(s[c] - sub) (exactly 0 where s[c] - sub is -inf or below the fp32 range);
-  // returns the sum. n must be a multiple of 8.
-  float (*exp_sub_sum)(float* s, int n, float sub) = nullptr;
+  // One query row's online-softmax step over a 64-key tile (the forward): s[c] ← s[c]·scale +
+  // bias[c] for c < valid, −inf beyond (bias may be null); m_new = max(*m, max s); s[c] ←
+  // exp(s[c] − m_new); with α = exp(*m − m_new): o[0..n) ← α·o (n a multiple of 16), *l ← α·*l +
+  // Σ s, *m ← m_new. When m_new is −inf (nothing visible yet) s becomes 0 and m, l, o stay.
+  void (*online_softmax64)(float* s, float scale, const float* bias, int valid, float* m, float* l,
+                           float* o, int n) = nullptr;
 
   // y[c] = exp(x[c]) for c < n (n a multiple of 8); the fast exp on its own (for tests).
   void (*exp)(const float* x, float* y, int n) = nullptr;

@@ -469,8 +469,8 @@ TEST(CpuKernels, VectorProductMatchesScalar) {
   if (tested == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
 }
 
-// The softmax row steps and the keep-mask multiply of every vector table against the scalar
-// table, with the valid prefix ending inside and at the edges of a vector.
+// The keep-mask multiply and the fused softmax rows (forward and backward) of every vector table
+// against the scalar table, with the valid prefix ending inside and at the edges of a vector.
 TEST(CpuKernels, VectorRowStepsMatchScalar) {
   std::mt19937_64 rng(17);
   std::normal_distribution<float> nd(0.0f, 3.0f);
@@ -480,41 +480,6 @@ TEST(CpuKernels, VectorRowStepsMatchScalar) {
     if (!detail::cpu_supports(isa)) continue;
     ++tested;
     const auto& k = detail::cpu_kernels(isa);
-    for (int n : {8, 16, 24, 64}) {
-      for (int valid : {0, 1, 5, 8, 15, 16, 17, 37, 63, 64}) {
-        if (valid > n) continue;
-        for (bool with_bias : {false, true}) {
-          std::vector<float> s1(n), bias(n);
-          for (auto& v : s1) v = nd(rng);
-          for (auto& v : bias) v = nd(rng);
-          std::vector<float> s2 = s1;
-          const float* b = with_bias ? bias.data() : nullptr;
-          const float m1 = ref.scale_bias_max(s1.data(), n, 0.37f, b, valid);
-          const float m2 = k.scale_bias_max(s2.data(), n, 0.37f, b, valid);
-          const std::string where = std::string(k.name) + " n " + std::to_string(n) + " valid " +
-                                    std::to_string(valid) + (with_bias ? " bias" : "");
-          // Equal up to a fused multiply-add the compiler may form in one table and not another
-          // (one rounding of s·scale, of magnitude up to a few units here).
-          const auto close = [](float a, float b) {
-            return a == b || std::abs(a - b) <= 1e-6f * (4.0f + std::abs(a));
-          };
-          ASSERT_TRUE(close(m1, m2)) << where << ": " << m1 << " vs " << m2;
-          for (int c = 0; c < n; ++c)
-            ASSERT_TRUE(close(s1[c], s2[c]))
-                << where << " col " << c << ": " << s1[c] << " vs " << s2[c];
-          if (valid == 0) continue;
-          const float sum1 = ref.exp_sub_sum(s1.data(), n, m1);
-          const float sum2 = k.exp_sub_sum(s2.data(), n, m2);
-          ASSERT_NEAR(sum1, sum2, 1e-5f * sum1) << where;
-          for (int c = 0; c < n; ++c) {
-            ASSERT_NEAR(s1[c], s2[c], 1e-6f) << where << " col " << c;
-            if (c >= valid) {
-              ASSERT_EQ(s2[c], 0.0f) << where << " col " << c;
-            }
-          }
-        }
-      }
-    }
     std::vector<float> x1(64), x2;
     for (auto& v : x1) v = nd(rng);
     x2 = x1;
@@ -522,20 +487,44 @@ TEST(CpuKernels, VectorRowStepsMatchScalar) {
     ref.apply_keep64(x1.data(), keep, 1.25f);
     k.apply_keep64(x2.data(), keep, 1.25f);
     for (int c = 0; c < 64; ++c) ASSERT_EQ(x1[c], x2[c]) << k.name << " col " << c;
-    // The softmax gradient row: dS = P∘(Z∘dP − D) and P ← P∘Z, with and without dropout.
-    for (bool dropout : {false, true}) {
-      std::vector<float> p1(64), dp(64), ds1(64), ds2(64);
-      for (auto& v : p1) v = std::abs(nd(rng)) * 0.01f;
-      for (auto& v : dp) v = nd(rng);
-      std::vector<float> p2 = p1;
-      ref.softmax_grad64(p1.data(), dp.data(), 0.3f, keep, 1.25f, dropout, ds1.data());
-      k.softmax_grad64(p2.data(), dp.data(), 0.3f, keep, 1.25f, dropout, ds2.data());
-      for (int c = 0; c < 64; ++c) {
-        const bool kept = !dropout || ((keep >> c) & 1u);
-        ASSERT_EQ(p1[c], p2[c]) << k.name << " pz col " << c;
-        ASSERT_NEAR(ds1[c], ds2[c], 1e-6f) << k.name << " ds col " << c;
-        if (!kept) {
-          ASSERT_EQ(p2[c], 0.0f) << k.name << " dropped col " << c;
+    // The fused rows: the forward's online-softmax step and the backward's softmax gradient,
+    // with the valid prefix ending inside and at the edges of a vector, with and without bias.
+    for (int valid : {1, 5, 8, 15, 16, 17, 33, 63, 64}) {
+      for (bool with_bias : {false, true}) {
+        std::vector<float> s1(64), bias(64), o1(48), dp(64);
+        for (auto& v : s1) v = nd(rng);
+        for (auto& v : bias) v = nd(rng);
+        for (auto& v : o1) v = nd(rng);
+        for (auto& v : dp) v = nd(rng);
+        const float* b = with_bias ? bias.data() : nullptr;
+        const std::string where =
+            std::string(k.name) + " valid " + std::to_string(valid) + (with_bias ? " bias" : "");
+        for (float m0 : {-std::numeric_limits<float>::infinity(), 0.5f, 9.0f}) {
+          std::vector<float> s2 = s1, o2 = o1, sa = s1, oa = o1;
+          float m1 = m0, l1 = 2.0f, m2 = m0, l2 = 2.0f;
+          ref.online_softmax64(sa.data(), 0.37f, b, valid, &m1, &l1, oa.data(), 48);
+          k.online_softmax64(s2.data(), 0.37f, b, valid, &m2, &l2, o2.data(), 48);
+          ASSERT_EQ(m1, m2) << where << " m0 " << m0;
+          ASSERT_NEAR(l1, l2, 2e-6f * std::abs(l1)) << where << " m0 " << m0;
+          for (int c = 0; c < 64; ++c) ASSERT_NEAR(sa[c], s2[c], 1e-6f) << where << " col " << c;
+          for (int e = 0; e < 48; ++e)
+            ASSERT_NEAR(oa[e], o2[e], 1e-6f * (1.0f + std::abs(oa[e]))) << where << " o " << e;
+        }
+        for (bool dropout : {false, true}) {
+          const float lse = 1.7f, dd = 0.3f;
+          std::vector<float> p1 = s1, p2 = s1, ds1(64), ds2(64);
+          ref.softmax_grad64(p1.data(), dp.data(), ds1.data(), 0.37f, b, valid, lse, dd, keep,
+                             1.25f, dropout);
+          k.softmax_grad64(p2.data(), dp.data(), ds2.data(), 0.37f, b, valid, lse, dd, keep, 1.25f,
+                           dropout);
+          for (int c = 0; c < 64; ++c) {
+            ASSERT_NEAR(p1[c], p2[c], 1e-6f * (1.0f + std::abs(p1[c]))) << where << " pz col " << c;
+            ASSERT_NEAR(ds1[c], ds2[c], 1e-5f * (1.0f + std::abs(ds1[c])))
+                << where << " ds col " << c;
+            if (c >= valid || (dropout && !((keep >> c) & 1u))) {
+              ASSERT_EQ(p2[c], 0.0f) << where << " col " << c << " must be 0";
+            }
+          }
         }
       }
     }
