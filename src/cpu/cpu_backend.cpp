@@ -29,9 +29,10 @@
 namespace memeff::detail {
 namespace {
 
-constexpr int kBr = 60;  // query rows per backward tile (10 blocks of the 6-row kernel)
-constexpr int kBrFwd =
-    240;  // forward query rows: 40 blocks of the 6-row kernel, K/V packed once per 240 rows
+constexpr int kBr = 60;  // query rows per backward tile (a multiple of the 6- and 12-row blocks)
+// Forward query rows per tile (a multiple of the 6- and 12-row blocks); K and V are packed once
+// per tile, so taller tiles pack less often.
+constexpr int kBrFwd = 240;
 constexpr int kBc = kCpuKeyTile;           // keys per tile (= dropout column block)
 constexpr std::int64_t kMaxHeadDim = 512;  // per-thread tiles grow with D; beyond: reference
 constexpr float kInf = std::numeric_limits<float>::infinity();

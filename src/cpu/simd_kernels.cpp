@@ -837,12 +837,14 @@ const CpuKernels& cpu_kernels(CpuIsa isa) {
   }
 }
 
+namespace {
 CpuIsa best_cpu_isa() {
   for (CpuIsa isa : {CpuIsa::avx512, CpuIsa::avx2}) {
     if (cpu_supports(isa)) return isa;
   }
   return CpuIsa::scalar;
 }
+}  // namespace
 
 const CpuKernels& cpu_kernels() {
   static const CpuKernels& best = [&]() -> const CpuKernels& {

@@ -71,7 +71,6 @@ const CpuKernels& cpu_kernels();
 // A specific table; throws memeff::Error when this CPU cannot run it.
 const CpuKernels& cpu_kernels(CpuIsa isa);
 bool cpu_supports(CpuIsa isa);
-CpuIsa best_cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
 
 // The scalar reference of keep_masks64's spreading step: the 16 keep-bits of the call
