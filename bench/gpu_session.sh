@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: the gpu-labelled tests, compute-sanitizer on small cases, the
-# main job, then `memeff bench` and PyTorch's SDPA backends (bench/torch_sdpa.py, a copy of the
-# project's peer script) on the anchor shapes in the same call, and an autotune demonstration.
+# One call on the GPU machine: the gpu-labelled tests, compute-sanitizer on small cases of each
+# CUDA backend, the main job, then `memeff bench` (the default dispatch, and the mma.sync `cuda`
+# backend alone as the baseline) and PyTorch's SDPA backends (bench/torch_sdpa.py, a copy of the
+# project's peer script) on the anchor shapes plus GQA 4:1, head dim 96 and 256 in the same call,
+# and an autotune demonstration.
 # Usage: bench/gpu_session.sh BUILD_DIR TORCH_SCRIPT   (logs and JSON rows go to $OUT)
+# SKIP_CPU=1 skips the CPU comparison; TORCH_BACKENDS (default "flash cudnn") picks the peers.
 set -uo pipefail
 bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
 torch_script="${2:-}"
@@ -17,7 +20,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 step "gpu tests"
 "$bin/tests/memeff_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
 
-small='DropoutFragment.*:CudaForward.NoKeysGiveZeroOutAndMinusInfLse:CudaForward.GroupedAndMultiQueryAttention:CudaBackward.SeedAndOffsetFromDeviceMemory:CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity'
+step "sm_90a code: HGMMA instructions per kernel, registers"
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --dump-sass "$bin/tests/memeff_gpu_tests" 2>/dev/null |
+    awk '/Function :/{f=$3} /HGMMA/{c[f]++} END{for(k in c) print c[k], k}' | sort -k2 > "$out/hgmma.txt"
+  cuobjdump -res-usage "$bin/tests/memeff_gpu_tests" 2>/dev/null | grep -A1 sm90 > "$out/res_usage.txt"
+  echo "$(wc -l < "$out/hgmma.txt") kernels with HGMMA"
+fi
+
+fwd='Backends/CudaForward'
+small="DropoutFragment.*:$fwd.NoKeysGiveZeroOutAndMinusInfLse/*:$fwd.GroupedAndMultiQueryAttention/*"
+small+=":$fwd.AwkwardLengthsSquare/cuda_sm90:$fwd.BiasBroadcastEachWayBothDtypes/cuda_sm90"
+small+=":CudaBackward.SeedAndOffsetFromDeviceMemory:CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
 for tool in memcheck racecheck synccheck; do
   step "compute-sanitizer $tool"
   timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
@@ -28,18 +42,26 @@ done
 step "memeff run (defaults)"
 "$bin/tools/memeff" run 2>&1 | tee "$out/run.log"
 
-step "memeff bench (anchor shapes, dropout 0 and 0.1)"
-"$bin/tools/memeff" bench --json "$out/memeff_bench.json" 2>"$out/bench_progress.log" | tee "$out/bench.log"
+shapes=(32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1
+        1,16,16384,16384,128,1 8,32,2048,2048,128,0,8 8,16,2048,2048,96,0 4,16,2048,2048,256,0)
+step "memeff bench (default dispatch; anchor shapes, GQA, hd96, hd256; dropout 0 and 0.1)"
+"$bin/tools/memeff" bench --shapes "${shapes[@]}" --json "$out/memeff_bench.json" \
+  2>"$out/bench_progress.log" | tee "$out/bench.log"
+step "memeff bench --backend cuda (the mma.sync kernels, baseline)"
+"$bin/tools/memeff" bench --backend cuda --shapes "${shapes[@]}" --json "$out/memeff_sm80.json" \
+  2>>"$out/bench_progress.log" | tee "$out/bench_sm80.log"
 
 if [ -n "$torch_script" ]; then
   step "PyTorch SDPA backends, same shapes"
-  PYTHONUNBUFFERED=1 python3 "$torch_script" --json "$out/torch.json" 2>&1 | tee "$out/torch.log"
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 python3 "$torch_script" --shapes "${shapes[@]}" \
+    --backends ${TORCH_BACKENDS:-flash cudnn} --json "$out/torch.json" 2>&1 | tee "$out/torch.log"
 fi
 
 if [ -s "$out/torch.json" ]; then
   step "side-by-side table"
   python3 "$(dirname "$0")/compare.py" "$out/memeff_bench.json" "$out/torch.json" \
-    --markdown "$out/table.md" --plot "$out/anchors.png"
+    --baseline "$out/memeff_sm80.json" --markdown "$out/table.md" --plot "$out/anchors.png"
 fi
 
 step "autotune demonstration"
@@ -50,7 +72,8 @@ printf '%s\n' '1,4,4,32,32,64,64,none,0.1,bf16' '16,16,16,64,64,64,64,top-left,0
 "$bin/tools/memeff" tune --show 2>&1 | tee -a "$out/tune.log"
 "$bin/tools/memeff" explain --device cuda --batch 1 --heads 4 --lq 32 --lk 32 --dtype bf16 2>&1 | tee -a "$out/tune.log"
 cpu_torch_script="$(dirname "$torch_script")/torch_sdpa_cpu.py"
-if [ -n "$torch_script" ] && [ -f "$cpu_torch_script" ] && command -v taskset >/dev/null; then
+if [ -z "${SKIP_CPU:-}" ] && [ -n "$torch_script" ] && [ -f "$cpu_torch_script" ] &&
+  command -v taskset >/dev/null; then
   step "CPU: the cpu backend and PyTorch's CPU SDPA, pinned to cores 0,1"
   for threads in 1 2; do
     OMP_NUM_THREADS=$threads timeout 120 taskset -c 0,1 "$bin/tools/memeff" bench --device cpu \

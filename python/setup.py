@@ -133,9 +133,13 @@ nvcc_flags = [
     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
     "-U__CUDA_NO_HALF2_OPERATORS__",
 ]
-if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
+if not arch_list:
     # The project's CMake default: Ampere and Hopper (sm_90a for the Hopper-only instructions).
     nvcc_flags += ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
+if not arch_list or "9.0a" in arch_list:
+    # The cuda_sm90 backend's kernels were compiled for sm_90a (else they are stubs it refuses).
+    nvcc_flags += ["-DMEMEFF_CUDA_SM90A=1"]
 
 define_macros = [("MEMEFF_VERSION", f'"{version}"')]
 include_dirs = [os.path.join(ROOT, "include"), os.path.join(ROOT, "src"), os.path.join(HERE, "csrc")]

@@ -25,14 +25,16 @@ const char* const kAnchorShapes[] = {"32,12,512,512,64,0", "8,16,2048,2048,128,0
 const char* const kCpuAnchorShapes[] = {"1,4,1024,1024,64,0", "1,8,2048,2048,64,0"};
 
 struct BenchShape {
-  std::int64_t B, H, Lq, Lk, D;
+  std::int64_t B, H, Lq, Lk, D, Hkv;
   bool causal;
   std::string text;
 };
 
 BenchShape parse_bench_shape(const std::string& text) {
   const std::vector<std::string> f = split(text, ',');
-  if (f.size() != 6) throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal (causal 0 or 1), got `" + text + "`");
+  if (f.size() != 6 && f.size() != 7) {
+    throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1), got `" + text + "`");
+  }
   BenchShape s;
   s.B = parse_int("--shapes (B)", f[0], 1);
   s.H = parse_int("--shapes (H)", f[1], 1);
@@ -41,6 +43,10 @@ BenchShape parse_bench_shape(const std::string& text) {
   s.D = parse_int("--shapes (D)", f[4], 1);
   if (f[5] != "0" && f[5] != "1") throw UsageError("--shapes (causal): expected 0 or 1, got `" + f[5] + "`");
   s.causal = f[5] == "1";
+  s.Hkv = f.size() == 7 ? parse_int("--shapes (Hkv)", f[6], 1) : s.H;
+  if (s.H % s.Hkv != 0) {
+    throw UsageError("--shapes (Hkv): H = " + f[1] + " is not a multiple of Hkv = " + f[6]);
+  }
   s.text = text;
   return s;
 }
@@ -63,7 +69,7 @@ int bench_command(const std::vector<std::string>& argv) {
                "is top-left), backward 2.5x. GPU: inputs in device memory, L2 flushed before each timed call,\n"
                "CUDA events, median. Progress on stderr, one line per row on stdout.");
   p.add({"--shapes", "S...",
-         "shapes B,H,Lq,Lk,D,causal (default on cuda: the five anchor shapes of ANCHORS.md,\n"
+         "shapes B,H,Lq,Lk,D,causal[,Hkv] (Hkv < H: grouped-query attention; default on cuda: the five anchor shapes of ANCHORS.md,\n"
          "32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1\n"
          "1,16,16384,16384,128,1; on cpu: ANCHORS.md's CPU shapes 1,4,1024,1024,64,0 1,8,2048,2048,64,0)",
          [&](const std::string& v) { shape_texts.push_back(v); }, true});
@@ -125,6 +131,7 @@ int bench_command(const std::vector<std::string>& argv) {
       ShapeConfig c;
       c.B = s.B;
       c.Hq = s.H;
+      c.Hkv = s.Hkv;
       c.Lq = s.Lq;
       c.Lk = s.Lk;
       c.D = s.D;
@@ -134,7 +141,7 @@ int bench_command(const std::vector<std::string>& argv) {
       c.dtype = dtype;
       const DType dt = c.dtype_on(device.type);
       JsonObject row;
-      row.add("B", s.B).add("H", s.H).add("Lq", s.Lq).add("Lk", s.Lk).add("D", s.D).add("causal", s.causal)
+      row.add("B", s.B).add("H", s.H).add("Hkv", s.Hkv).add("Lq", s.Lq).add("Lk", s.Lk).add("D", s.D).add("causal", s.causal)
           .add("dropout", p_drop).add("dtype", dtype_name(dt));
       char label[96];
       std::snprintf(label, sizeof label, "%-24s p=%-4g", s.text.c_str(), p_drop);

@@ -51,7 +51,7 @@ enum class Pass : std::uint8_t { forward, backward };
 // Per-call options. Empty fields fall back to the thread's scoped settings, then the
 // environment (MEMEFF_BACKENDS, MEMEFF_AUTOTUNE), then the defaults.
 struct Options {
-  // Allow-list of backend names in priority order ("cuda", "cuda_math", "cpu", "reference").
+  // Allow-list of backend names in priority order ("cuda_sm90", "cuda", "cuda_math", "cpu", "reference").
   std::vector<std::string> backends;
   void* stream = nullptr;          // cudaStream_t for CUDA backends; null is the default stream
   void* workspace = nullptr;       // caller-provided scratch (see workspace_size)

@@ -8,6 +8,7 @@ std::vector<std::shared_ptr<Backend>> builtin_backends() {
   all.push_back(make_reference_backend());
   all.push_back(make_cpu_backend());
 #if defined(MEMEFF_WITH_CUDA)
+  all.push_back(make_cuda_sm90_backend());
   all.push_back(make_cuda_backend());
   all.push_back(make_cuda_math_backend());
 #endif

@@ -1,4 +1,4 @@
-// The "cuda" backend: the fused tensor-core kernels (src/cuda/launch/). It turns a validated
+// The "cuda" backend: the fused mma.sync kernels (src/cuda/sm80/, launched by src/cuda/launch/). It turns a validated
 // Problem and its views into the plain kernel params, says why it cannot run a problem (dtype,
 // device, head dim, alignment, strides), handles the empty-length edges itself and owns the
 // backward workspace (the caller's, or a stream-ordered allocation).
@@ -6,16 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/builtin_backends.h"
-#include "cuda/kernels/fwd_dispatch.cuh"
+#include "cuda/backend_util.h"
 #include "cuda/launch/launch.h"
+#include "cuda/sm80/fwd_dispatch.cuh"
 #include "cuda/params.h"
 #include "memeff/backend.h"
 #include "memeff/error.h"
@@ -26,121 +25,6 @@ namespace {
 using cuda::BackwardParams;
 using cuda::ForwardParams;
 using cuda::Strides;
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
-
-// Makes `device` current for the scope of a call and restores the caller's device after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) {
-      check(cudaSetDevice(device), "cudaSetDevice");
-      switched_ = true;
-    }
-  }
-  ~DeviceScope() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
-
-struct ComputeCapability {
-  bool ok = false;
-  int major = 0, minor = 0;
-  std::string error;
-};
-
-// cudaGetDeviceProperties is slow (tens of microseconds): cache the answer per ordinal.
-ComputeCapability compute_capability(int device) {
-  static std::mutex mutex;
-  static std::map<int, ComputeCapability> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  ComputeCapability cc;
-  cudaDeviceProp prop{};
-  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
-  if (err == cudaSuccess) {
-    cc.ok = true;
-    cc.major = prop.major;
-    cc.minor = prop.minor;
-  } else {
-    cudaGetLastError();  // clear the (non-sticky) error so later launches are not blamed
-    cc.error = std::string("cudaGetDeviceProperties(") + std::to_string(device) +
-               "): " + cudaGetErrorString(err);
-  }
-  cache.emplace(device, cc);
-  return cc;
-}
-
-cuda::ElemType elem_type(DType dtype) {
-  return dtype == DType::bf16 ? cuda::ElemType::bf16 : cuda::ElemType::fp16;
-}
-
-Strides strides_of(const TensorView& t) {
-  // Broadcast (size-1) dimensions read index 0 only: stride 0 keeps the kernels' math uniform.
-  return Strides{t.shape[0] == 1 ? 0 : t.stride[0], t.shape[1] == 1 ? 0 : t.stride[1],
-                 t.shape[2] == 1 ? 0 : t.stride[2]};
-}
-
-// Sizes, flags and RNG values only: what reasons_unsupported can know without views.
-void fill_from_problem(ForwardParams& p, const Problem& pb) {
-  p.B = static_cast<int>(pb.B);
-  p.Hq = static_cast<int>(pb.Hq);
-  p.Hkv = static_cast<int>(pb.Hkv);
-  p.group = pb.Hkv > 0 ? static_cast<int>(pb.Hq / pb.Hkv) : 1;
-  p.Lq = pb.Lq;
-  p.Lk = pb.Lk;
-  p.D = static_cast<int>(pb.D);
-  p.Dv = static_cast<int>(pb.Dv);
-  p.bias_is_fp32 = pb.has_bias && pb.bias_dtype == DType::f32;
-  p.scale = static_cast<float>(pb.scale);
-  p.scale_log2 = static_cast<float>(pb.scale * 1.4426950408889634);
-  p.causal = pb.causal == CausalMode::none ? 0 : (pb.causal == CausalMode::top_left ? 1 : 2);
-  p.causal_shift = pb.causal_shift();
-  p.has_dropout = pb.has_dropout();
-  p.keep_threshold = pb.dropout.threshold;
-  p.keep_scale = static_cast<float>(pb.dropout.keep_scale);
-}
-
-void fill_from_views(ForwardParams& p, const AttentionArgs& args, const TensorView& out,
-                     const TensorView& lse) {
-  p.q = args.q.data;
-  p.k = args.k.data;
-  p.v = args.v.data;
-  p.out = out.data;
-  p.lse = static_cast<float*>(lse.data);
-  p.q_stride = strides_of(args.q);
-  p.k_stride = strides_of(args.k);
-  p.v_stride = strides_of(args.v);
-  p.out_stride = strides_of(out);
-  p.lse_stride_b = lse.shape[0] == 1 ? 0 : lse.stride[0];
-  p.lse_stride_h = lse.shape[1] == 1 ? 0 : lse.stride[1];
-  if (args.bias) {
-    p.bias = args.bias->data;
-    p.bias_stride = strides_of(*args.bias);
-  }
-  p.seed = args.rng.seed;
-  p.offset = args.rng.offset;
-  p.seed_ptr = args.rng.device_seed;
-  p.offset_ptr = args.rng.device_offset;
-}
-
-std::string join(const std::vector<std::string>& reasons) {
-  std::string s;
-  for (const std::string& r : reasons) s += (s.empty() ? "" : "; ") + r;
-  return s;
-}
 
 cuda::FillKind fill_kind(DType dtype) {
   switch (dtype) {
@@ -171,29 +55,9 @@ class CudaBackend final : public Backend {
   DeviceType device_type() const override { return DeviceType::cuda; }
 
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
-    std::vector<std::string> reasons;
-    if (pb.device.type != DeviceType::cuda) {
-      reasons.push_back("tensors are on " + device_name(pb.device) + ", not a CUDA device");
-      return reasons;
-    }
-    if (pb.dtype == DType::f32) {
-      reasons.push_back("fp32 inputs: use cuda_math (the fused kernels take fp16/bf16)");
-    } else if (pb.dtype != DType::f16 && pb.dtype != DType::bf16) {
-      reasons.push_back(std::string(dtype_name(pb.dtype)) + " inputs: the fused kernels take fp16/bf16");
-    }
-    if (!pb.vector_aligned) {
-      reasons.push_back(
-          "tensors not 16-byte aligned (pointers, or B/H/L strides not multiples of 16 bytes)");
-    }
-    if (pb.has_bias && pb.bias_dtype != DType::f32 && pb.bias_dtype != pb.dtype) {
-      reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
-                        ": must be fp32 or the dtype of q");
-    }
-    const ComputeCapability cc = compute_capability(pb.device.index);
-    if (!cc.ok) {
-      reasons.push_back(cc.error);
-      return reasons;
-    }
+    ComputeCapability cc;
+    std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
+    if (!cc.ok) return reasons;
     std::vector<std::string> kernel_reasons;
     if (pass == Pass::forward) {
       ForwardParams p;

@@ -1,6 +1,7 @@
-// The fused cuda forward against the double-precision reference on the same rounded inputs and
-// the same dropout mask: the awkward lengths, head dims, causal alignments, bias broadcasts, GQA,
-// BLHD strides, fp16 and bf16. Outputs are poisoned with NaN first, so unwritten elements fail.
+// The fused forwards (cuda: mma.sync, every sm80+ GPU; cuda_sm90: the Hopper kernels) against the
+// double-precision reference on the same rounded inputs and the same dropout mask: the awkward
+// lengths, head dims, causal alignments, bias broadcasts, GQA, BLHD strides, fp16 and bf16. Every
+// test runs once per backend. Outputs are poisoned with NaN first, so unwritten elements fail.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include "cuda/device_tensor.h"
 #include "common/tolerance.h"
 #include "memeff/attention.h"
+#include "memeff/dispatch.h"
 #include "memeff/error.h"
 
 namespace memeff {
@@ -34,6 +36,7 @@ HostTensor f64_copy(const HostTensor& t) { return test::converted(t, DType::f64)
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 struct Case {
+  std::string backend = "cuda";
   DType dtype = DType::bf16;
   std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 64, Lk = 64, D = 64, Dv = 64;
   CausalMode causal = CausalMode::none;
@@ -46,7 +49,7 @@ struct Case {
 
   std::string describe() const {
     std::ostringstream os;
-    os << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Lq=" << Lq
+    os << backend << " " << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Lq=" << Lq
        << " Lk=" << Lk << " D=" << D << " Dv=" << Dv << " causal=" << causal_mode_name(causal)
        << " p=" << p << " bias=" << bias
        << (bias != "none" ? std::string("/") + dtype_name(bias_dtype) : "")
@@ -96,9 +99,9 @@ Result run_case(const Case& c, std::uint64_t data_seed) {
   args.rng.seed = c.seed;
   args.rng.offset = c.offset;
   Options opt;
-  opt.backends = {"cuda"};
+  opt.backends = {c.backend};
   const CallInfo info = forward(args, dout.view, dlse.view, opt);
-  EXPECT_EQ(info.backend, "cuda");
+  EXPECT_EQ(info.backend, c.backend);
   if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("kernel failed");
   dout.copy_to(r.out);
   dlse.copy_to(r.lse);
@@ -149,16 +152,23 @@ void check_case(const Case& c, std::uint64_t data_seed = 7) {
   expect_matches(c, r);
 }
 
-class CudaForward : public ::testing::Test {
+class CudaForward : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    const std::string missing = test::gpu_backend_missing(GetParam());
+    if (!missing.empty()) GTEST_SKIP() << missing;
+  }
+  // A case on this test's backend.
+  Case make() const {
+    Case c;
+    c.backend = GetParam();
+    return c;
   }
 };
 
-TEST_F(CudaForward, AwkwardLengthsSquare) {
+TEST_P(CudaForward, AwkwardLengthsSquare) {
   for (std::int64_t L : {1, 17, 64, 65, 127, 129, 1013}) {
-    Case c;
+    Case c = make();
     c.B = 2;
     c.Hq = c.Hkv = 3;
     c.Lq = c.Lk = L;
@@ -166,8 +176,8 @@ TEST_F(CudaForward, AwkwardLengthsSquare) {
   }
 }
 
-TEST_F(CudaForward, LongSequenceCausalDropout) {
-  Case c;
+TEST_P(CudaForward, LongSequenceCausalDropout) {
+  Case c = make();
   c.Hq = c.Hkv = 2;
   c.Lq = c.Lk = 2048;
   c.D = c.Dv = 128;
@@ -176,10 +186,10 @@ TEST_F(CudaForward, LongSequenceCausalDropout) {
   check_case(c);
 }
 
-TEST_F(CudaForward, HeadDimsBothDtypesUnequalLengths) {
+TEST_P(CudaForward, HeadDimsBothDtypesUnequalLengths) {
   for (DType dt : {DType::bf16, DType::f16}) {
     for (std::int64_t D : {8, 40, 64, 80, 128, 256}) {
-      Case c;
+      Case c = make();
       c.dtype = dt;
       c.Lq = 129;
       c.Lk = 200;
@@ -189,9 +199,9 @@ TEST_F(CudaForward, HeadDimsBothDtypesUnequalLengths) {
   }
 }
 
-TEST_F(CudaForward, ValueHeadDimDiffersFromKeyHeadDim) {
+TEST_P(CudaForward, ValueHeadDimDiffersFromKeyHeadDim) {
   for (auto [D, Dv] : {std::pair<std::int64_t, std::int64_t>{40, 80}, {128, 64}, {64, 256}}) {
-    Case c;
+    Case c = make();
     c.Lq = 70;
     c.Lk = 150;
     c.D = D;
@@ -200,11 +210,11 @@ TEST_F(CudaForward, ValueHeadDimDiffersFromKeyHeadDim) {
   }
 }
 
-TEST_F(CudaForward, CausalBothAlignmentsWithDropoutOverManyKeyTiles) {
+TEST_P(CudaForward, CausalBothAlignmentsWithDropoutOverManyKeyTiles) {
   for (CausalMode mode : {CausalMode::top_left, CausalMode::bottom_right}) {
     for (auto [Lq, Lk] : {std::pair<std::int64_t, std::int64_t>{200, 333}, {333, 200}, {257, 257}}) {
       for (std::int64_t D : {64, 128}) {
-        Case c;
+        Case c = make();
         c.Lq = Lq;
         c.Lk = Lk;
         c.D = c.Dv = D;
@@ -218,11 +228,11 @@ TEST_F(CudaForward, CausalBothAlignmentsWithDropoutOverManyKeyTiles) {
   }
 }
 
-TEST_F(CudaForward, DropoutMatchesTheDocumentedMask) {
+TEST_P(CudaForward, DropoutMatchesTheDocumentedMask) {
   // A large p makes any disagreement with dropout_mask (used by the reference) far exceed the
   // tolerance; several heads and batches exercise bh in the counter.
   for (DType dt : {DType::bf16, DType::f16}) {
-    Case c;
+    Case c = make();
     c.dtype = dt;
     c.B = 2;
     c.Hq = c.Hkv = 3;
@@ -235,10 +245,10 @@ TEST_F(CudaForward, DropoutMatchesTheDocumentedMask) {
   }
 }
 
-TEST_F(CudaForward, BiasBroadcastEachWayBothDtypes) {
+TEST_P(CudaForward, BiasBroadcastEachWayBothDtypes) {
   for (const char* pattern : {"bhqk", "1hqk", "b1qk", "bh1k", "111k"}) {
     for (DType bias_dtype : {DType::f32, DType::bf16}) {
-      Case c;
+      Case c = make();
       c.B = 2;
       c.Hq = c.Hkv = 2;
       c.Lq = 65;
@@ -252,9 +262,9 @@ TEST_F(CudaForward, BiasBroadcastEachWayBothDtypes) {
   }
 }
 
-TEST_F(CudaForward, GroupedAndMultiQueryAttention) {
+TEST_P(CudaForward, GroupedAndMultiQueryAttention) {
   for (std::int64_t Hkv : {1, 2}) {
-    Case c;
+    Case c = make();
     c.B = 2;
     c.Hq = 6;
     c.Hkv = Hkv;
@@ -266,9 +276,9 @@ TEST_F(CudaForward, GroupedAndMultiQueryAttention) {
   }
 }
 
-TEST_F(CudaForward, BlhdStridesBothDtypes) {
+TEST_P(CudaForward, BlhdStridesBothDtypes) {
   for (DType dt : {DType::bf16, DType::f16}) {
-    Case c;
+    Case c = make();
     c.dtype = dt;
     c.layout = Layout::blhd;
     c.B = 2;
@@ -283,9 +293,9 @@ TEST_F(CudaForward, BlhdStridesBothDtypes) {
   }
 }
 
-TEST_F(CudaForward, NonPositiveAndLargeScales) {
+TEST_P(CudaForward, NonPositiveAndLargeScales) {
   for (double scale : {-0.5, 0.0, 3.0}) {
-    Case c;
+    Case c = make();
     c.Lq = 70;
     c.Lk = 100;
     c.scale = scale;
@@ -294,8 +304,8 @@ TEST_F(CudaForward, NonPositiveAndLargeScales) {
   }
 }
 
-TEST_F(CudaForward, NoKeysGiveZeroOutAndMinusInfLse) {
-  Case c;
+TEST_P(CudaForward, NoKeysGiveZeroOutAndMinusInfLse) {
+  Case c = make();
   c.Lq = 33;
   c.Lk = 0;
   const Result r = run_case(c, 3);
@@ -305,8 +315,8 @@ TEST_F(CudaForward, NoKeysGiveZeroOutAndMinusInfLse) {
   }
 }
 
-TEST_F(CudaForward, BottomRightRowsWithoutKeysGiveZeroAndMinusInf) {
-  Case c;
+TEST_P(CudaForward, BottomRightRowsWithoutKeysGiveZeroAndMinusInf) {
+  Case c = make();
   c.Lq = 200;
   c.Lk = 70;
   c.causal = CausalMode::bottom_right;
@@ -329,7 +339,7 @@ TEST_F(CudaForward, BottomRightRowsWithoutKeysGiveZeroAndMinusInf) {
   }
 }
 
-TEST_F(CudaForward, RefusesFp32WithAReason) {
+TEST_P(CudaForward, RefusesFp32WithAReason) {
   HostTensor q(DType::f32, {1, 1, 8, 64}), k(DType::f32, {1, 1, 8, 64}), v(DType::f32, {1, 1, 8, 64});
   HostTensor out(DType::f32, {1, 1, 8, 64}), lse(DType::f32, {1, 1, 8});
   DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
@@ -338,14 +348,102 @@ TEST_F(CudaForward, RefusesFp32WithAReason) {
   args.k = dk.view;
   args.v = dv.view;
   Options opt;
-  opt.backends = {"cuda"};
+  opt.backends = {GetParam()};
   try {
     forward(args, dout.view, dlse.view, opt);
-    FAIL() << "fp32 inputs were accepted by the cuda backend";
+    FAIL() << "fp32 inputs were accepted by the " << GetParam() << " backend";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::unsupported);
     EXPECT_NE(std::string(e.what()).find("cuda_math"), std::string::npos) << e.what();
   }
+}
+
+TEST_P(CudaForward, EveryHeadDimBucketAndItsNeighbours) {
+  // Multiples of 8 on both sides of each bucket (64, 96, 128, 256): padding inside the tile, a
+  // second 64-column block that is partly outside the tensor, Dv != D.
+  for (auto [D, Dv] : {std::pair<std::int64_t, std::int64_t>{16, 16}, {56, 56}, {72, 72}, {88, 96},
+                       {96, 96}, {104, 104}, {136, 136}, {192, 192}, {248, 248}, {96, 160},
+                       {256, 64}}) {
+    Case c = make();
+    c.B = 1;
+    c.Hq = c.Hkv = 2;
+    c.Lq = 150;
+    c.Lk = 260;
+    c.D = D;
+    c.Dv = Dv;
+    c.causal = CausalMode::bottom_right;
+    c.p = 0.15;
+    check_case(c, static_cast<std::uint64_t>(D * 1000 + Dv));
+  }
+}
+
+TEST_P(CudaForward, ManyKeyTilesEachWayWithDropoutAndBias) {
+  // More key tiles than the shared-memory ring has stages, in both causal modes, so every stage
+  // is refilled several times; a full bias on top.
+  for (CausalMode mode : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
+    for (std::int64_t D : {64, 128, 256}) {
+      Case c = make();
+      c.Lq = 300;
+      c.Lk = 1100;
+      c.D = c.Dv = D;
+      c.causal = mode;
+      c.p = 0.1;
+      c.bias = D == 128 ? "bhqk" : "none";
+      check_case(c, static_cast<std::uint64_t>(D) + 17 * static_cast<std::uint64_t>(mode));
+    }
+  }
+}
+
+TEST_P(CudaForward, MoreWorkItemsThanMultiprocessors) {
+  // Several query blocks per SM (the persistent sm90 grid walks more than one work item per CTA):
+  // bottom-right causal with Lq - Lk > 128 gives whole blocks that see no key between blocks that
+  // do, so the K/V ring, the Q buffer and the ping-pong turns carry across items of every kind.
+  {
+    Case c = make();
+    c.B = 2;
+    c.Hq = 64;
+    c.Hkv = 16;
+    c.Lq = 400;
+    c.Lk = 200;
+    c.causal = CausalMode::bottom_right;
+    c.p = 0.1;
+    check_case(c, 71);
+  }
+  {
+    Case c = make();
+    c.B = 2;
+    c.Hq = c.Hkv = 40;
+    c.Lq = c.Lk = 256;
+    c.D = c.Dv = 128;
+    c.bias = "b1qk";
+    c.p = 0.1;
+    check_case(c, 72);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CudaForward, ::testing::Values("cuda", "cuda_sm90"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(CudaDispatch, HopperForwardRunsByDefaultOnComputeCapability90) {
+  if (!test::cuda_device_is_sm90()) GTEST_SKIP() << "needs compute capability 9.0";
+  HostTensor q(DType::bf16, {1, 2, 64, 64}), k(DType::bf16, {1, 2, 64, 64}),
+      v(DType::bf16, {1, 2, 64, 64});
+  HostTensor out(DType::bf16, {1, 2, 64, 64}), lse(DType::f32, {1, 2, 64});
+  std::mt19937_64 rng(5);
+  test::fill_uniform(q, rng);
+  test::fill_uniform(k, rng);
+  test::fill_uniform(v, rng);
+  DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
+  AttentionArgs args;
+  args.q = dq.view;
+  args.k = dk.view;
+  args.v = dv.view;
+  args.dropout_p = 0.1;
+  EXPECT_EQ(forward(args, dout.view, dlse.view).backend, "cuda_sm90");
+  const Explanation ex = explain(args, Pass::backward);
+  EXPECT_EQ(ex.chosen, "cuda") << "the backward goes to the mma.sync kernels";
 }
 
 }  // namespace

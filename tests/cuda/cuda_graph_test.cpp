@@ -1,6 +1,8 @@
 // Dropout randomness under CUDA graphs: a captured draw + forward + backward replayed N times
 // gives N different masks, each replay equal to an eager run at the matching offset (forward
 // bitwise, backward to rounding), and seed/offset read from device memory equal the by-value path.
+// Each test runs with the forward on the mma.sync kernels (cuda) and on the Hopper kernels
+// (cuda_sm90, whose backward goes to cuda).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -58,8 +60,20 @@ double relative_diff(const HostTensor& a, const HostTensor& b) {
   return diff / std::max(ref, 1e-30);
 }
 
-TEST(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
-  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+// The backend order of a test: its forward backend first, cuda for the backward.
+class CudaGraph : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string missing = test::gpu_backend_missing(GetParam());
+    if (!missing.empty()) GTEST_SKIP() << missing;
+  }
+  std::vector<std::string> order() const {
+    if (GetParam() == "cuda") return {"cuda"};
+    return {GetParam(), "cuda"};
+  }
+};
+
+TEST_P(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
   GraphCase pb;
   Buffer q(pb.q), k(pb.k), v(pb.v), dout(pb.dout), out(pb.out), lse(pb.lse), dq(pb.dq), dk(pb.dk),
       dv(pb.dv);
@@ -75,7 +89,7 @@ TEST(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
   args.dropout_p = 0.25;
   BackwardTensors grads{dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
   Options opt;
-  opt.backends = {"cuda"};
+  opt.backends = order();
   opt.stream = stream;
   // A caller-provided workspace keeps the captured graph free of allocations.
   const std::size_t ws_bytes = workspace_size(args, Pass::backward, opt);
@@ -88,8 +102,8 @@ TEST(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
   CudaGenerator gen(seed, 0, /*offset=*/0);
   // Eager warm-up (lazy one-time setup stays out of the capture); it also advances the counter.
   args.rng = gen.draw(stream, state);
-  forward(args, out.view, lse.view, opt);
-  backward(args, grads, opt);
+  EXPECT_EQ(forward(args, out.view, lse.view, opt).backend, GetParam());
+  EXPECT_EQ(backward(args, grads, opt).backend, "cuda");
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(gen.offset(), 1u);
   // The same draw, by value, gives bitwise the same forward.
@@ -148,8 +162,7 @@ TEST(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
   cudaFree(workspace);
 }
 
-TEST(CudaGraph, SeedAndOffsetFromDeviceMemoryEqualTheValues) {
-  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+TEST_P(CudaGraph, SeedAndOffsetFromDeviceMemoryEqualTheValues) {
   GraphCase pb;
   Buffer q(pb.q), k(pb.k), v(pb.v), out(pb.out), lse(pb.lse);
   AttentionArgs args;
@@ -159,7 +172,7 @@ TEST(CudaGraph, SeedAndOffsetFromDeviceMemoryEqualTheValues) {
   args.dropout_p = 0.3;
   args.causal = CausalMode::bottom_right;
   Options opt;
-  opt.backends = {"cuda"};
+  opt.backends = order();
   const std::uint64_t words[2] = {0xABCDEF0123456789ull, 0x100000007ull};
   args.rng.seed = words[0];
   args.rng.offset = words[1];
@@ -190,6 +203,11 @@ TEST(CudaGraph, SeedAndOffsetFromDeviceMemoryEqualTheValues) {
   EXPECT_NE(out.bytes_on_host(), by_value);
   cudaFree(d_words);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, CudaGraph, ::testing::Values("cuda", "cuda_sm90"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace memeff

@@ -18,6 +18,20 @@ inline bool cuda_device_present() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+// Whether device 0 is compute capability 9.0, where the cuda_sm90 (Hopper) kernels run.
+inline bool cuda_device_is_sm90() {
+  cudaDeviceProp prop{};
+  return cuda_device_present() && cudaGetDeviceProperties(&prop, 0) == cudaSuccess &&
+         prop.major == 9 && prop.minor == 0;
+}
+
+// Why a gpu test of `backend` cannot run on this machine; empty when it can.
+inline std::string gpu_backend_missing(const std::string& backend) {
+  if (!cuda_device_present()) return "no CUDA device";
+  if (backend == "cuda_sm90" && !cuda_device_is_sm90()) return "cuda_sm90 needs compute capability 9.0";
+  return {};
+}
+
 inline void cuda_check(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));

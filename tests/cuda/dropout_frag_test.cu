@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/kernels/dropout_frag.cuh"
+#include "cuda/common/dropout_frag.cuh"
 #include "memeff/dropout.h"
 
 namespace {

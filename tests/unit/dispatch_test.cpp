@@ -243,7 +243,7 @@ TEST_F(DispatchTest, DefaultOrderIsTheDeviceHeuristicThenOtherBackendsOfTheDevic
   EXPECT_TRUE(report_of(ex, "fake_gpu") && !report_of(ex, "fake_gpu")->eligible);
 }
 
-TEST_F(DispatchTest, CudaHeuristicPutsTheFusedKernelFirstOnEveryShape) {
+TEST_F(DispatchTest, CudaHeuristicPutsTheHopperThenTheFusedKernelsFirstOnEveryShape) {
   Problem p;
   p.device = Device::cuda(0);
   p.B = 2, p.Hq = p.Hkv = 8, p.D = p.Dv = 64;
@@ -251,8 +251,10 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheFusedKernelFirstOnEveryShape) {
     p.Lq = p.Lk = L;
     detail::HeuristicOrder order = detail::default_order(p);
     ASSERT_GE(order.order.size(), 2u);
-    EXPECT_EQ(order.order[0], "cuda") << "L " << L;
-    EXPECT_EQ(order.order[1], "cuda_math") << "L " << L;
+    ASSERT_GE(order.order.size(), 3u);
+    EXPECT_EQ(order.order[0], "cuda_sm90") << "L " << L;
+    EXPECT_EQ(order.order[1], "cuda") << "L " << L;
+    EXPECT_EQ(order.order[2], "cuda_math") << "L " << L;
     EXPECT_NE(std::find(order.order.begin(), order.order.end(), "fake_gpu"), order.order.end());
     EXPECT_EQ(std::find(order.order.begin(), order.order.end(), "fake_small_d"), order.order.end());
   }

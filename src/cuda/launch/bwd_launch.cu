@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernels/bwd_dispatch.cuh"
+#include "cuda/sm80/bwd_dispatch.cuh"
 #include "cuda/launch/launch.h"
 #include "cuda/launch/launch_checks.h"
 #include "memeff/error.h"

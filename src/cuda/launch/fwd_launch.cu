@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernels/fwd_dispatch.cuh"
+#include "cuda/sm80/fwd_dispatch.cuh"
 #include "cuda/launch/launch.h"
 #include "cuda/launch/launch_checks.h"
 #include "memeff/error.h"

@@ -1,6 +1,6 @@
-// Host-side entry points of the fused CUDA kernels, called by the cuda backend
-// (src/cuda/cuda_backend.cpp). They take the plain params structs, choose tile shapes and grids,
-// launch on the given stream and check the launch. No API types cross this line.
+// Host-side entry points of the fused CUDA kernels, called by the cuda and cuda_sm90 backends
+// (src/cuda/cuda_backend.cpp, src/cuda/sm90_backend.cpp). They take the plain params structs,
+// choose tile shapes and grids, launch on the given stream and check the launch. No API types cross this line.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +19,13 @@ enum class ElemType { bf16, fp16 };
 void launch_forward(const ForwardParams& params, ElemType type, cudaStream_t stream);
 // Reasons the forward kernels cannot run these params (head dim, alignment ...); empty if they can.
 std::vector<std::string> forward_unsupported(const ForwardParams& params, int sm_major, int sm_minor);
+
+// The sm90 (Hopper) forward: writes out and lse like launch_forward. src/cuda/launch/sm90_fwd_launch.cu
+void launch_forward_sm90(const ForwardParams& params, ElemType type, cudaStream_t stream);
+std::vector<std::string> sm90_forward_unsupported(const ForwardParams& params, int sm_major,
+                                                  int sm_minor);
+// Whether this build compiled the sm90 kernels for sm_90a (else they are stubs).
+bool sm90_kernels_built();
 
 // Backward: writes dq, dk, dv and dbias. `workspace` holds backward_workspace_bytes(params)
 // bytes (16-byte aligned); the launcher carves softmax_d, dq_accum and its other scratch from it.

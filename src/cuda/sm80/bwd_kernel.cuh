@@ -1,4 +1,4 @@
-// Backward kernels of the fused attention (FlashAttention-2 style, mma.sync): the preprocess
+// sm80 backward kernels of the fused attention (FlashAttention-2 style, mma.sync): the preprocess
 // (softmax_d = rowsum(dO ∘ O), workspace zeroing), the main kernel (one CTA per key block and
 // (batch, kv head), dK/dV in registers, dQ and broadcast dbias by fp32 atomics) and the converts.
 //
@@ -15,28 +15,20 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/kernels/dropout_frag.cuh"
-#include "cuda/kernels/mma.cuh"
+#include "cuda/common/dropout_frag.cuh"
+#include "cuda/common/softmax.cuh"
 #include "cuda/params.h"
+#include "cuda/sm80/mma.cuh"
 
 namespace memeff::cuda {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^x by the special-function unit (flush-to-zero: P below 2^-126 is 0, as in FlashAttention).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Adds two adjacent fp32 values (8-byte aligned) to global memory: one vector reduction on sm_90.
 // 4-byte asynchronous copy global -> shared, zero-filled when src_bytes is 0.
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(src_bytes));
 }
 
+// Adds two adjacent fp32 values (8-byte aligned) to global memory: one vector reduction on sm_90.
 __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");

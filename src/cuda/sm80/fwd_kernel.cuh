@@ -1,4 +1,4 @@
-// The fused attention forward kernel (FlashAttention-2 style, mma.sync m16n8k16): one thread
+// The sm80 fused attention forward kernel (FlashAttention-2 style, mma.sync m16n8k16): one thread
 // block owns kBlockM query rows of one (batch, head); K/V tiles of 64 keys stream through
 // double-buffered, XOR-swizzled shared memory; softmax is online in registers; dropout is applied
 // to the packed P fragment with the bytes of the shared map (core/dropout_map.h: one Philox call
@@ -11,8 +11,11 @@
 #include <cstdint>
 
 #include "core/dropout_map.h"
-#include "cuda/kernels/mma.cuh"
+#include "cuda/common/dropout_frag.cuh"
+#include "cuda/common/mask.cuh"
+#include "cuda/common/softmax.cuh"
 #include "cuda/params.h"
+#include "cuda/sm80/mma.cuh"
 
 namespace memeff::cuda {
 
@@ -86,40 +89,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans_addr(std::uint32_t (&r)[4], st
                : "r"(addr));
 }
 
-// 2^x with flush-to-zero (one MUFU.EX2; exp2f adds denormal handling): 2^-inf = +0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Per byte of x: most significant bit set where byte < the matching byte of t4 (unsigned), with
-// t4_low = t4 & 0x7F7F7F7F. SWAR: compare the low 7 bits with a borrow-free subtraction, then
-// resolve with the top bits. Compiles to a few LOP3/IADD, cheaper than __vcmpltu4 + bit gathering.
-__device__ __forceinline__ std::uint32_t bytes_below(std::uint32_t x, std::uint32_t t4,
-                                                     std::uint32_t t4_low) {
-  const std::uint32_t d = (x | 0x80808080u) - t4_low;  // msb: (x & 0x7F) >= (t & 0x7F)
-  return ((~x & t4) | (~(x ^ t4) & ~d)) & 0x80808080u;
-}
-
-// prmt.b32 with sign replication: selector nibbles 8..B copy the msb of byte 0..3 into a byte.
-__device__ __forceinline__ std::uint32_t spread_msb(std::uint32_t x, std::uint32_t selector) {
-  std::uint32_t y;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(y) : "r"(x), "r"(selector));
-  return y;
-}
-
-template <class T>
-__device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::int64_t index) {
-  return is_fp32 ? __ldg(static_cast<const float*>(bias) + index)
-                 : to_float<T>(static_cast<const T*>(bias)[index]);
-}
-
 template <class T, class Tr, bool kDropout>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_forward_kernel(const ForwardParams p) {
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles, kDT = Tr::kDTiles, kHD = Tr::kHeadDim;
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kNegInf = -INFINITY;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const sQ = reinterpret_cast<T*>(smem_raw);
@@ -162,8 +135,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
     key = detail::dropout_key(seed, offset);
   }
-  const std::uint32_t thr4 = p.keep_threshold * 0x01010101u;  // used with dropout (threshold < 256)
-  const std::uint32_t thr4_low = thr4 & 0x7F7F7F7Fu;
+  const KeepThreshold thr(p.keep_threshold);  // used with dropout (threshold < 256)
 
   const int warp_row0 = warp * Tr::kRowsPerWarp;  // first row of this warp in the block
   const std::int64_t causal_shift = p.causal_shift;
@@ -256,21 +228,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     if (has_bias) {
       const std::int64_t bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const std::int64_t i = m0 + warp_row0 + mt * 16 + g + 8 * hh;
-          const std::int64_t row_base = bias_base + i * p.bias_stride.l;
-#pragma unroll
-          for (int n = 0; n < kNT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const std::int64_t j = n0 + 8 * n + 2 * t + e;
-              const float bv =
-                  (i < p.Lq && j < p.Lk) ? load_bias<T>(p.bias, p.bias_is_fp32, row_base + j) : 0.0f;
-              s[mt][n][2 * hh + e] = fmaf(s[mt][n][2 * hh + e], p.scale, bv);
-            }
-        }
+      for (int mt = 0; mt < kMT; ++mt) {
+        add_scaled_bias<T>(s[mt], p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l,
+                           m0 + warp_row0 + mt * 16 + g, n0, t, p.Lq, p.Lk, p.scale);
+      }
     } else if (premul) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -283,69 +244,37 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                            (p.causal && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
     if (need_mask) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const std::int64_t i = m0 + warp_row0 + mt * 16 + g + 8 * hh;
-          const std::int64_t j_limit = p.causal ? min(p.Lk, i + causal_shift + 1) : p.Lk;
-          // Visible columns of this lane within the tile: 8n + e < lim.
-          const int lim = static_cast<int>(max(min(j_limit - n0 - 2 * t, std::int64_t{64}), std::int64_t{0}));
-#pragma unroll
-          for (int n = 0; n < kNT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (8 * n + e >= lim) s[mt][n][2 * hh + e] = kNegInf;
-            }
-        }
+      for (int mt = 0; mt < kMT; ++mt) {
+        mask_scores(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, p.Lk, p.causal != 0, causal_shift);
+      }
     }
 
     // Online softmax: new row maxima, rescale O and the partial row sums, P = exp2(x·f - m·f),
-    // packed to 16-bit pairs right away (pk[mt][n][hh] = row g + 8·hh, columns 8n + 2t + 0/1).
+    // packed to 16-bit pairs (pk[mt][n][hh] = row g + 8·hh, columns 8n + 2t + 0/1).
     std::uint32_t pk[kMT][kNT][2];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt) {
+      float alpha[2], sum[2];
+      online_softmax_step(s[mt], row_m[mt], f, alpha, sum);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = row_m[mt][hh];
+        row_l[mt][hh] = row_l[mt][hh] * alpha[hh] + sum[hh];
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
-        // A row with nothing visible yet keeps m = -inf; exponentiate against 0 so masked
-        // entries give exp2(-inf) = 0 and never -inf - -inf.
-        const float m_scaled = mx == kNegInf ? 0.0f : mx * f;
-        const float alpha = fast_exp2(row_m[mt][hh] * f - m_scaled);  // f > 0: -inf stays -inf
-        row_m[mt][hh] = mx;
-        float sum = 0.0f;
+        for (int n = 0; n < kNT; ++n) pk[mt][n][hh] = pack2<T>(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]);
+      }
+      rescale_rows(o[mt], alpha);
+      if constexpr (kDropout) {
+        // The row sums above used the undropped P; kept values get keep_scale at the end.
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          const float p0 = fast_exp2(fmaf(s[mt][n][2 * hh], f, -m_scaled));
-          const float p1 = fast_exp2(fmaf(s[mt][n][2 * hh + 1], f, -m_scaled));
-          sum += p0 + p1;
-          pk[mt][n][hh] = pack2<T>(p0, p1);
-        }
-        row_l[mt][hh] = row_l[mt][hh] * alpha + sum;
-#pragma unroll
-        for (int d = 0; d < kDT; ++d) {
-          o[mt][d][2 * hh] *= alpha;
-          o[mt][d][2 * hh + 1] *= alpha;
-        }
-        if constexpr (kDropout) {
-          // The row sum above used the undropped P; kept values get keep_scale at the end.
-          // Byte 2n + e of this row's Philox call decides column 8n + 2t + e (dropout_map.h):
-          // word n / 2, bytes 2·(n % 2) + e; their keep flags become 16-bit lane masks.
+        for (int hh = 0; hh < 2; ++hh) {
           const std::uint32_t row = static_cast<std::uint32_t>(m0 + warp_row0 + mt * 16 + g + 8 * hh);
           const detail::Philox4 r =
               detail::dropout_call(key, static_cast<std::uint64_t>(bh), row,
                                    static_cast<std::uint64_t>(it), static_cast<std::uint32_t>(t));
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const std::uint32_t keep = bytes_below(r.x[w], thr4, thr4_low);
-            pk[mt][2 * w][hh] &= spread_msb(keep, 0x9988u);
-            pk[mt][2 * w + 1][hh] &= spread_msb(keep, 0xBBAAu);
-          }
+          drop_packed(pk[mt], 0, hh, r, thr);
         }
       }
+    }
 
     cp_async_wait<1>();  // V[it] has landed (K[it + 1] may still be in flight)
     __syncthreads();

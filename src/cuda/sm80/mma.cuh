@@ -1,7 +1,7 @@
-// Thin wrappers over the sm80+ warp-level instructions the fused kernels are built from:
-// cp.async (global -> shared, zero-filled out of bounds), ldmatrix, mma.sync m16n8k16 with fp32
-// accumulators, and packing of fp32 pairs into 16-bit operands. Fragment layouts are written
-// down once here so the kernels and the dropout helpers agree on them.
+// Thin wrappers over the sm80+ warp-level instructions the mma.sync kernels are built from:
+// cp.async (global -> shared, zero-filled out of bounds), ldmatrix and mma.sync m16n8k16 with fp32
+// accumulators. Fragment layouts are written down once here so the kernels and the dropout
+// helpers agree on them (wgmma's accumulators use the same C layout per warp).
 //
 // m16n8k16 fragments (lane = 4·g + t, g = lane / 4 in 0..7, t = lane % 4 in 0..3):
 //   A (16x16, row-major): a0 = (g, 2t..2t+1) a1 = (g+8, 2t..) a2 = (g, 2t+8..) a3 = (g+8, 2t+8..)
@@ -14,59 +14,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/types.cuh"
+
 namespace memeff::cuda {
-
-// 16-bit element types and their paired forms.
-template <class T>
-struct Pair;
-template <>
-struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-};
-template <>
-struct Pair<__half> {
-  using type = __half2;
-};
-
-template <class T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-__device__ __forceinline__ float to_float<__half>(__half x) {
-  return __half2float(x);
-}
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-// Packs two fp32 values into one 32-bit register of two 16-bit elements (lo = first).
-template <class T>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<std::uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<std::uint32_t*>(&v);
-}
-
-__device__ __forceinline__ std::uint32_t smem_addr(const void* ptr) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(ptr));
-}
 
 // 16-byte asynchronous copy; copies `src_bytes` (0 or 16) and zero-fills the rest, so rows past
 // the end of a tensor load as zeros without a branch around the copy.

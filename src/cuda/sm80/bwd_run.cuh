@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/kernels/bwd_dispatch.cuh"
-#include "cuda/kernels/bwd_kernel.cuh"
+#include "cuda/sm80/bwd_dispatch.cuh"
+#include "cuda/sm80/bwd_kernel.cuh"
 #include "memeff/error.h"
 
 namespace memeff::cuda {

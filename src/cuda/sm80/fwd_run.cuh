@@ -8,8 +8,8 @@
 #include <atomic>
 #include <string>
 
-#include "cuda/kernels/fwd_dispatch.cuh"
-#include "cuda/kernels/fwd_kernel.cuh"
+#include "cuda/sm80/fwd_dispatch.cuh"
+#include "cuda/sm80/fwd_kernel.cuh"
 #include "memeff/error.h"
 
 namespace memeff::cuda {

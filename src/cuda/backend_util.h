@@ -1,0 +1,56 @@
+// Pieces the CUDA backends share (cuda: the sm80 mma.sync kernels, cuda_sm90: the Hopper
+// kernels): CUDA error checks, the device scope of a call, the cached compute capability, the
+// eligibility checks that do not depend on the kernel family, and the translation of a validated
+// Problem and its views into the plain kernel params.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/launch/launch.h"
+#include "cuda/params.h"
+#include "memeff/attention.h"
+#include "memeff/backend.h"
+
+namespace memeff::detail {
+
+void check(cudaError_t err, const char* what);
+
+// Makes `device` current for the scope of a call and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+struct ComputeCapability {
+  bool ok = false;
+  int major = 0, minor = 0;
+  std::string error;
+};
+// Cached per device ordinal (cudaGetDeviceProperties takes tens of microseconds).
+ComputeCapability compute_capability(int device);
+
+cuda::ElemType elem_type(DType dtype);
+// Strides of a view for the kernels: broadcast (size-1) dimensions get stride 0.
+cuda::Strides strides_of(const TensorView& t);
+// Sizes, flags and RNG values only: what reasons_unsupported can know without views.
+void fill_from_problem(cuda::ForwardParams& p, const Problem& pb);
+void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const TensorView& out,
+                     const TensorView& lse);
+std::string join(const std::vector<std::string>& reasons);
+
+// Reasons any fused CUDA kernel refuses a problem before its own checks: not a CUDA device,
+// fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute
+// capability in `cc` (cc.ok false: its error is already among the reasons).
+std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc);
+
+}  // namespace memeff::detail

@@ -1,0 +1,131 @@
+// sm90 forward launcher: the reasons the Hopper forward cannot run a problem, the TMA descriptors
+// of q, k and v, and the pick of the dtype x head-dim instantiation.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/launch/launch.h"
+#include "cuda/launch/launch_checks.h"
+#include "cuda/sm90/fwd_dispatch.cuh"
+#include "cuda/sm90/tma.h"
+#include "memeff/error.h"
+
+namespace memeff::cuda {
+
+bool sm90_kernels_built() {
+#if defined(MEMEFF_CUDA_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::vector<std::string> sm90_forward_unsupported(const ForwardParams& p, int sm_major,
+                                                  int sm_minor) {
+  std::vector<std::string> reasons;
+  if (!sm90_kernels_built()) {
+    reasons.push_back("this build has no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)");
+  }
+  if (sm_major != 9 || sm_minor != 0) {
+    reasons.push_back("needs compute capability 9.0 (sm_90a: wgmma, TMA, setmaxnreg); device has " +
+                      std::to_string(sm_major) + "." + std::to_string(sm_minor));
+  }
+  if (p.D <= 0 || p.D % 8 != 0 || head_dim_bucket(sm90::kForwardHeadDims, p.D) == 0) {
+    reasons.push_back("head dim D = " + std::to_string(p.D) +
+                      " is not a multiple of 8 in [8, 256]");
+  }
+  if (p.Dv <= 0 || p.Dv % 8 != 0 || head_dim_bucket(sm90::kForwardHeadDims, p.Dv) == 0) {
+    reasons.push_back("value head dim Dv = " + std::to_string(p.Dv) +
+                      " is not a multiple of 8 in [8, 256]");
+  }
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.out)) {
+    reasons.push_back("q, k, v and out must start on 16-byte boundaries (TMA)");
+  }
+  check_strides(reasons, "q", p.q_stride);
+  check_strides(reasons, "k", p.k_stride);
+  check_strides(reasons, "v", p.v_stride);
+  check_strides(reasons, "out", p.out_stride);
+  const std::int64_t query_blocks = (p.Lq + 63) / 64 * static_cast<std::int64_t>(p.B) * p.Hq;
+  if (query_blocks > 0x7FFFFFFFll) {
+    reasons.push_back("ceil(Lq / 64)·B·Hq = " + std::to_string(query_blocks) +
+                      " query blocks exceed the grid's 2^31 - 1");
+  }
+  if (p.Lq > 0x7FFFFFFFll) {
+    reasons.push_back("Lq = " + std::to_string(p.Lq) + " exceeds TMA's 32-bit coordinates");
+  }
+  if (p.Lk > 0x7FFFFFFFll) {
+    reasons.push_back("Lk = " + std::to_string(p.Lk) + " exceeds TMA's 32-bit coordinates");
+  }
+  if (p.group <= 0 || p.Hkv <= 0 || p.Hq != p.Hkv * p.group) {
+    reasons.push_back("Hq must be a multiple of Hkv (GQA group)");
+  }
+  return reasons;
+}
+
+namespace {
+
+template <int kHeadDim>
+void run_bucket(const sm90::ForwardTmaParams& tp, bool bf16, cudaStream_t stream) {
+  bf16 ? sm90::run_forward<__nv_bfloat16, kHeadDim>(tp, stream)
+       : sm90::run_forward<__half, kHeadDim>(tp, stream);
+}
+
+void encode_or_throw(CUtensorMap& map, const sm90::TmaTensor& t, int box_rows, const char* name) {
+  const std::string error = sm90::encode_tma_4d(map, t, box_rows);
+  if (!error.empty()) {
+    throw Error(ErrorCode::unsupported,
+                std::string("cuda_sm90 forward: TMA descriptor of `") + name + "`: " + error);
+  }
+}
+
+}  // namespace
+
+void launch_forward_sm90(const ForwardParams& params, ElemType type, cudaStream_t stream) {
+  if (params.Lq == 0 || params.B == 0 || params.Hq == 0) return;
+  const int bucket =
+      head_dim_bucket(sm90::kForwardHeadDims, params.D > params.Dv ? params.D : params.Dv);
+  const sm90::ForwardTile tile = sm90::forward_tile(bucket);
+  if (tile.block_m == 0) {
+    throw Error(ErrorCode::unsupported,
+                "cuda_sm90 forward: head dims D = " + std::to_string(params.D) + ", Dv = " +
+                    std::to_string(params.Dv) + " have no kernel (multiples of 8 up to 256)");
+  }
+  const bool bf16 = type == ElemType::bf16;
+  sm90::ForwardTmaParams tp{};
+  tp.p = params;
+  encode_or_throw(tp.q,
+                  {params.q, bf16, params.B, params.Hq, params.Lq, params.D, params.q_stride.b,
+                   params.q_stride.h, params.q_stride.l},
+                  tile.block_m, "q");
+  if (params.Lk > 0) {  // with no keys the kernel loads only Q
+    encode_or_throw(tp.k,
+                    {params.k, bf16, params.B, params.Hkv, params.Lk, params.D, params.k_stride.b,
+                     params.k_stride.h, params.k_stride.l},
+                    tile.block_n, "k");
+    encode_or_throw(tp.v,
+                    {params.v, bf16, params.B, params.Hkv, params.Lk, params.Dv, params.v_stride.b,
+                     params.v_stride.h, params.v_stride.l},
+                    tile.block_n, "v");
+  }
+  switch (bucket) {
+    case 64:
+      run_bucket<64>(tp, bf16, stream);
+      break;
+    case 96:
+      run_bucket<96>(tp, bf16, stream);
+      break;
+    case 128:
+      run_bucket<128>(tp, bf16, stream);
+      break;
+    case 256:
+      run_bucket<256>(tp, bf16, stream);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace memeff::cuda

@@ -1,0 +1,82 @@
+// Host side of one sm90 forward instantiation: the tile shape per head-dim bucket, dropout and
+// bias turned into template arguments, the shared-memory opt-in and the launch. Included only by
+// the per-instantiation files in src/cuda/inst/ (one dtype x head dim each).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "cuda/sm90/fwd_dispatch.cuh"
+#include "cuda/sm90/fwd_kernel.cuh"
+#include "memeff/error.h"
+
+namespace memeff::cuda::sm90 {
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+// Multiprocessors of a device, asked once per device.
+inline int sm_count(int device) {
+  static std::atomic<int> counts[64] = {};
+  std::atomic<int>& slot = counts[device & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(multiprocessor count)");
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+template <class T, class Tr, bool kDropout, bool kBias>
+void launch_forward_kernel(const ForwardTmaParams& params, cudaStream_t stream) {
+  auto kernel = attention_forward_sm90_kernel<T, Tr, kDropout, kBias>;
+  constexpr int kSmem = Tr::kSmemBytes;
+  // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
+  static std::atomic<unsigned long long> opted_in{0};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const unsigned long long bit = 1ull << (device & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "cudaFuncSetAttribute(sm90 forward kernel, max dynamic shared memory)");
+    // The consumers' setmaxnreg.inc would wait forever if the launch allocated fewer registers
+    // than the split needs (fwd_traits.cuh); refuse instead.
+    cudaFuncAttributes attr{};
+    check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes(sm90 forward kernel)");
+    if (128 * (Tr::kProducerRegs + Tr::kConsumers * Tr::kConsumerRegs) >
+        attr.numRegs * Tr::kThreads) {
+      throw Error(ErrorCode::unsupported,
+                  "cuda_sm90 forward: the kernel was built with " + std::to_string(attr.numRegs) +
+                      " registers per thread, too few for its setmaxnreg split");
+    }
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const ForwardParams& p = params.p;
+  // Persistent: one CTA per SM (or per work item when there are fewer), each walking the work
+  // items (query block x batch·head; sm90_forward_unsupported bounds their count by 2^31 - 1).
+  const long long items = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM * p.B * p.Hq;
+  const long long ctas = items < sm_count(device) ? items : sm_count(device);
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(params);
+  check_cuda(cudaGetLastError(), "attention_forward_sm90_kernel launch");
+}
+
+template <class T, int kHeadDim>
+void run_forward(const ForwardTmaParams& params, cudaStream_t stream) {
+  using Tr = typename FwdConfig<kHeadDim>::Traits;
+  const bool bias = params.p.bias != nullptr;
+  if (params.p.has_dropout) {
+    bias ? launch_forward_kernel<T, Tr, true, true>(params, stream)
+         : launch_forward_kernel<T, Tr, true, false>(params, stream);
+  } else {
+    bias ? launch_forward_kernel<T, Tr, false, true>(params, stream)
+         : launch_forward_kernel<T, Tr, false, false>(params, stream);
+  }
+}
+
+}  // namespace memeff::cuda::sm90

@@ -1,0 +1,25 @@
+// Host side of the tensor memory accelerator: builds the TMA descriptor (CUtensorMap) of a
+// [B, H, L, D] tensor with free B/H/L strides for the sm90 kernels. The driver's encoder is
+// reached through the runtime's entry-point query, so nothing links libcuda directly.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+namespace memeff::cuda::sm90 {
+
+struct TmaTensor {
+  const void* data = nullptr;
+  bool bf16 = true;  // else fp16
+  std::int64_t B = 0, H = 0, L = 0, D = 0;
+  std::int64_t stride_b = 0, stride_h = 0, stride_l = 0;  // elements; the last dim is contiguous
+};
+
+// A map over dims (D, L, H, B) with boxes of 64 columns × box_rows rows and the 128-byte swizzle
+// (the layout wgmma reads); elements outside the tensor load as zeros. Returns an empty string on
+// success, else why the driver refused (the encoder's error names nothing itself).
+std::string encode_tma_4d(CUtensorMap& map, const TmaTensor& t, int box_rows);
+
+}  // namespace memeff::cuda::sm90

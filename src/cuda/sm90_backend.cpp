@@ -1,0 +1,78 @@
+// The "cuda_sm90" backend: the Hopper-native forward (warp-specialized, TMA and wgmma;
+// src/cuda/sm90/, launched by src/cuda/launch/sm90_fwd_launch.cu). First in the default order on
+// compute capability 9.0; it computes the same function with the same dropout mask as every other
+// backend. The backward pass is not implemented here yet: it says so, and the dispatcher gives
+// the backward to the next backend in the order (the mma.sync `cuda` kernels), which works with
+// this forward's out and lse because every backend's forward produces the same ones.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/builtin_backends.h"
+#include "cuda/backend_util.h"
+#include "cuda/launch/launch.h"
+#include "cuda/params.h"
+#include "memeff/backend.h"
+#include "memeff/error.h"
+
+namespace memeff::detail {
+namespace {
+
+class CudaSm90Backend final : public Backend {
+ public:
+  std::string name() const override { return "cuda_sm90"; }
+  DeviceType device_type() const override { return DeviceType::cuda; }
+
+  std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
+    ComputeCapability cc;
+    std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
+    if (!cc.ok) return reasons;
+    if (pass == Pass::backward) {
+      reasons.push_back(
+          "no Hopper-native backward yet (the cuda backend's mma.sync kernels run it)");
+      return reasons;
+    }
+    cuda::ForwardParams p;
+    fill_from_problem(p, pb);
+    const std::vector<std::string> kernel = cuda::sm90_forward_unsupported(p, cc.major, cc.minor);
+    reasons.insert(reasons.end(), kernel.begin(), kernel.end());
+    return reasons;
+  }
+
+  void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
+               const TensorView& lse, const Options& options) override {
+    DeviceScope device(pb.device.index);
+    const auto stream = static_cast<cudaStream_t>(options.stream);
+    if (pb.B == 0 || pb.Hq == 0 || pb.Lq == 0) return;
+    cuda::ForwardParams p;
+    fill_from_problem(p, pb);
+    fill_from_views(p, args, out, lse);
+    if (pb.Lq > 1 && lse.stride[2] != 1) {
+      throw Error(
+          ErrorCode::unsupported,
+          "cuda_sm90 forward: lse must have a contiguous last dimension, got " + lse.describe());
+    }
+    // Alignment and strides are known only now: refuse with the kernel's reasons.
+    const ComputeCapability cc = compute_capability(pb.device.index);
+    const std::vector<std::string> reasons = cuda::sm90_forward_unsupported(p, cc.major, cc.minor);
+    if (!reasons.empty()) {
+      throw Error(ErrorCode::unsupported,
+                  "cuda_sm90 forward cannot run these tensors: " + join(reasons));
+    }
+    cuda::launch_forward_sm90(p, elem_type(pb.dtype), stream);  // Lk == 0 writes out 0, lse -inf
+  }
+
+  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
+                const Options&) override {
+    throw Error(ErrorCode::unsupported,
+                "cuda_sm90 has no backward yet: run the backward on the cuda backend");
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cuda_sm90_backend() { return std::make_shared<CudaSm90Backend>(); }
+
+}  // namespace memeff::detail
