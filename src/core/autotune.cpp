@@ -24,7 +24,9 @@
 #include <set>
 #include <sstream>
 
-#include "core/json.h"
+#include <nlohmann/json.hpp>
+
+#include "core/json_text.h"
 #include "memeff/error.h"
 
 #if defined(MEMEFF_WITH_CUDA)
@@ -82,43 +84,38 @@ Store& store() {
   return *s;
 }
 
-json::Value entry_to_json(const TuneEntry& e) {
-  json::Value v = json::Value::object();
-  v.set("backend", json::Value::string(e.backend));
-  v.set("config", json::Value::string(e.config));
-  v.set("ms", json::Value::number(e.ms));
-  json::Value cands = json::Value::array();
+Json entry_to_json(const TuneEntry& e) {
+  Json cands = Json::array();
   for (const CandidateTime& c : e.candidates) {
-    json::Value cv = json::Value::object();
-    cv.set("backend", json::Value::string(c.backend));
-    cv.set("ms", json::Value::number(c.ms));
-    cands.push(std::move(cv));
+    cands.push_back(Json::object({{"backend", c.backend}, {"ms", c.ms}}));
   }
-  v.set("candidates", std::move(cands));
-  return v;
+  return Json::object(
+      {{"backend", e.backend}, {"config", e.config}, {"ms", e.ms}, {"candidates", cands}});
 }
 
 // Parses one entry; false when any field is missing or of the wrong kind.
-bool entry_from_json(const std::string& key, const json::Value& v, TuneEntry& e) {
-  const json::Value* backend = v.find("backend");
-  const json::Value* config = v.find("config");
-  const json::Value* ms = v.find("ms");
-  const json::Value* cands = v.find("candidates");
-  if (!backend || !backend->is_string() || backend->as_string().empty()) return false;
-  if (!config || !config->is_string() || !ms || !ms->is_number() || !(ms->as_number() >= 0.0)) {
+bool entry_from_json(const std::string& key, const Json& v, TuneEntry& e) {
+  const Json* backend = json_member(v, "backend");
+  const Json* config = json_member(v, "config");
+  const Json* ms = json_member(v, "ms");
+  const Json* cands = json_member(v, "candidates");
+  if (!backend || !backend->is_string() || backend->get_ref<const std::string&>().empty()) {
+    return false;
+  }
+  if (!config || !config->is_string() || !ms || !ms->is_number() || !(ms->get<double>() >= 0.0)) {
     return false;
   }
   if (!cands || !cands->is_array()) return false;
   e.key = key;
-  e.backend = backend->as_string();
-  e.config = config->as_string();
-  e.ms = ms->as_number();
+  e.backend = backend->get<std::string>();
+  e.config = config->get<std::string>();
+  e.ms = ms->get<double>();
   e.candidates.clear();
-  for (const json::Value& c : cands->items()) {
-    const json::Value* cb = c.find("backend");
-    const json::Value* cm = c.find("ms");
+  for (const Json& c : *cands) {
+    const Json* cb = json_member(c, "backend");
+    const Json* cm = json_member(c, "ms");
     if (!cb || !cb->is_string() || !cm || !cm->is_number()) return false;
-    e.candidates.push_back({cb->as_string(), cm->as_number()});
+    e.candidates.push_back({cb->get<std::string>(), cm->get<double>()});
   }
   return true;
 }
@@ -144,41 +141,43 @@ ReadStatus read_cache_file(const std::string& path, std::map<std::string, TuneEn
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return unusable("read error");
-  std::string error;
-  const std::optional<json::Value> doc = json::parse(text.str(), &error);
-  if (!doc) return unusable("not valid JSON: " + error);
-  const json::Value* format = doc->find("format");
-  if (!format || !format->is_string() || format->as_string() != kFormatName) {
+  Json doc;
+  try {
+    doc = Json::parse(text.str());
+  } catch (const Json::parse_error& e) {
+    return unusable(std::string("not valid JSON: ") + e.what());
+  }
+  const Json* format = json_member(doc, "format");
+  if (!format || !format->is_string() || format->get_ref<const std::string&>() != kFormatName) {
     return unusable("not a memeff autotune file");
   }
-  const json::Value* fv = doc->find("format_version");
-  if (!fv || !fv->is_number() || fv->as_number() != kAutotuneFormatVersion) {
+  const Json* fv = json_member(doc, "format_version");
+  if (!fv || !fv->is_number() || fv->get<double>() != kAutotuneFormatVersion) {
     return unusable("format version is not " + std::to_string(kAutotuneFormatVersion));
   }
-  const json::Value* lib = doc->find("library_version");
-  if (!lib || !lib->is_string() || lib->as_string() != version()) {
-    return unusable("written by memeff " + (lib && lib->is_string() ? lib->as_string() : "?") +
+  const Json* lib = json_member(doc, "library_version");
+  if (!lib || !lib->is_string() || lib->get_ref<const std::string&>() != version()) {
+    return unusable("written by memeff " + (lib && lib->is_string() ? lib->get<std::string>() : "?") +
                     ", this is " + version());
   }
-  const json::Value* list = doc->find("entries");
+  const Json* list = json_member(doc, "entries");
   if (!list || !list->is_object()) return unusable("no entries object");
-  for (const auto& [key, value] : list->members()) {
+  for (const auto& [key, value] : list->items()) {
     TuneEntry e;
-    if (!entry_from_json(key, value, e)) return unusable("malformed entry " + json::quote(key));
+    if (!entry_from_json(key, value, e)) return unusable("malformed entry " + json_text(Json(key)));
     entries[key] = std::move(e);
   }
   return ReadStatus::ok;
 }
 
 std::string cache_document(const std::map<std::string, TuneEntry>& entries) {
-  json::Value doc = json::Value::object();
-  doc.set("format", json::Value::string(kFormatName));
-  doc.set("format_version", json::Value::number(kAutotuneFormatVersion));
-  doc.set("library_version", json::Value::string(version()));
-  json::Value list = json::Value::object();
-  for (const auto& [key, e] : entries) list.set(key, entry_to_json(e));
-  doc.set("entries", std::move(list));
-  return doc.dump() + "\n";
+  Json list = Json::object();
+  for (const auto& [key, e] : entries) list[key] = entry_to_json(e);
+  const Json doc = {{"format", kFormatName},
+                    {"format_version", kAutotuneFormatVersion},
+                    {"library_version", version()},
+                    {"entries", std::move(list)}};
+  return json_text(doc) + "\n";
 }
 
 // Loads the file into memory once per path (caller holds the store's mutex).

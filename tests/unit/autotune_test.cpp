@@ -5,6 +5,7 @@
 #include "core/autotune.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,7 +21,6 @@
 #include <vector>
 
 #include "common/host_tensor.h"
-#include "core/json.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
 #include "memeff/dispatch.h"
@@ -82,6 +82,11 @@ std::string read_text(const fs::path& p) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
+}
+
+// The document, or a discarded value when `text` is not JSON.
+nlohmann::json parse_json(const std::string& text) {
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 std::size_t count(const std::string& text, const std::string& part) {
@@ -197,12 +202,12 @@ TEST_F(AutotuneTest, TheCacheRoundTripsAcrossResetMemory) {
   EXPECT_EQ(c.run(tuned({"fake_slow", "fake_fast"})).backend, "fake_fast");
   ASSERT_TRUE(fs::exists(cache())) << autotune_cache_path();
   EXPECT_EQ(autotune_cache_path(), cache().string());
-  const auto doc = detail::json::parse(read_text(cache()));
-  ASSERT_TRUE(doc);
-  EXPECT_EQ(doc->find("format")->as_string(), "memeff-autotune");
-  EXPECT_EQ(doc->find("library_version")->as_string(), version());
-  ASSERT_EQ(doc->find("entries")->members().size(), 1u);
-  const std::string key = doc->find("entries")->members().begin()->first;
+  const auto doc = parse_json(read_text(cache()));
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc.at("format"), "memeff-autotune");
+  EXPECT_EQ(doc.at("library_version"), version());
+  ASSERT_EQ(doc.at("entries").size(), 1u);
+  const std::string key = doc.at("entries").begin().key();
   EXPECT_NE(key.find("lq=6"), std::string::npos) << key;
   EXPECT_NE(key.find("pass=forward"), std::string::npos) << key;
   EXPECT_NE(key.find(detail::device_label(Device::cpu())), std::string::npos) << key;
@@ -246,10 +251,10 @@ TEST_F(AutotuneTest, BadCacheFilesAreIgnoredWithOneWarningAndRewritten) {
     EXPECT_EQ(c2.run(tuned({"fake_slow", "fake_fast"})).backend, "fake_fast");
     const std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(count(err, "ignoring the autotune cache"), 1u) << err;
-    const auto doc = detail::json::parse(read_text(cache()));
-    ASSERT_TRUE(doc) << read_text(cache());
-    EXPECT_EQ(doc->find("library_version")->as_string(), version());
-    EXPECT_EQ(doc->find("entries")->members().size(), 2u);
+    const auto doc = parse_json(read_text(cache()));
+    ASSERT_FALSE(doc.is_discarded()) << read_text(cache());
+    EXPECT_EQ(doc.at("library_version"), version());
+    EXPECT_EQ(doc.at("entries").size(), 2u);
     // Remove the good file so the next case starts from its own bad one, under a new path.
     dir += "/next";
     fs::create_directories(dir);
@@ -283,9 +288,9 @@ TEST_F(AutotuneTest, ConcurrentProcessesMergeTheirKeys) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   }
-  const auto doc = detail::json::parse(read_text(cache()));
-  ASSERT_TRUE(doc) << read_text(cache());
-  EXPECT_EQ(doc->find("entries")->members().size(),
+  const auto doc = parse_json(read_text(cache()));
+  ASSERT_FALSE(doc.is_discarded()) << read_text(cache());
+  EXPECT_EQ(doc.at("entries").size(),
             static_cast<std::size_t>(kProcesses * kKeysEach));
   autotune_reset_memory();
   std::size_t found = 0;
@@ -312,9 +317,9 @@ TEST_F(AutotuneTest, ThreadsTuningAtOnceAgreeWithTheFile) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(wrong, 0);
-  const auto doc = detail::json::parse(read_text(cache()));
-  ASSERT_TRUE(doc);
-  EXPECT_EQ(doc->find("entries")->members().size(), 3u);
+  const auto doc = parse_json(read_text(cache()));
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc.at("entries").size(), 3u);
 }
 
 TEST_F(AutotuneTest, AnUnwritableLocationDegradesToMemory) {
@@ -360,25 +365,20 @@ TEST_F(AutotuneTest, CachePathFollowsTheEnvironment) {
   setenv("MEMEFF_CACHE_DIR", dir.c_str(), 1);
 }
 
-TEST(Json, RoundTripsAndRejectsBrokenText) {
-  const std::string text =
-      "{\"a\":[1,2.5,-3e2,true,false,null],\"s\":\"q\\\"\\\\\\n\\u00e9\\ud83d\\ude00\",\"o\":{}}";
-  std::string error;
-  const auto v = detail::json::parse(text, &error);
-  ASSERT_TRUE(v) << error;
-  EXPECT_EQ(v->find("a")->items().size(), 6u);
-  EXPECT_EQ(v->find("a")->items()[2].as_number(), -300.0);
-  EXPECT_EQ(v->find("s")->as_string(), "q\"\\\n\xc3\xa9\xf0\x9f\x98\x80");
-  const auto again = detail::json::parse(v->dump());
-  ASSERT_TRUE(again);
-  EXPECT_EQ(again->dump(), v->dump());
-  for (const char* broken :
-       {"", "{", "[1,]", "{\"a\" 1}", "\"abc", "01x", "{} {}", "nul", "[\"\\x\"]"}) {
-    EXPECT_FALSE(detail::json::parse(broken, &error)) << broken;
-    EXPECT_FALSE(error.empty());
-  }
-  std::string deep(1000, '[');
-  EXPECT_FALSE(detail::json::parse(deep + std::string(1000, ']')));  // depth limit, no crash
+// nlohmann/json parses nesting with its own stack, not the call stack: a hostile cache file
+// is one more unusable file, not a crash.
+TEST_F(AutotuneTest, ADeeplyNestedCacheIsIgnoredWithoutCrashing) {
+  constexpr std::size_t kDepth = 200000;
+  { std::ofstream(cache(), std::ios::trunc) << std::string(kDepth, '[') << std::string(kDepth, ']'); }
+  autotune_reset_memory();
+  ::testing::internal::CaptureStderr();
+  Call c(40);
+  EXPECT_EQ(c.run(tuned({"fake_slow", "fake_fast"})).backend, "fake_fast");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(err, "ignoring the autotune cache"), 1u) << err;
+  const auto doc = parse_json(read_text(cache()));
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc.at("entries").size(), 1u);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "common/host_tensor.h"
-#include "core/json.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
 #include "memeff/dispatch.h"
@@ -322,26 +323,25 @@ TEST_F(DispatchTest, ExplanationTextAndJson) {
   EXPECT_TRUE(contains(text, "order (options): fake_small_d, fake_no_dropout")) << text;
   EXPECT_TRUE(contains(text, "not eligible: head dim D=32 > 16")) << text;
   EXPECT_TRUE(contains(text, "chosen: fake_no_dropout (user restriction (options)")) << text;
-  std::string error;
-  const auto doc = detail::json::parse(ex.to_json(), &error);
-  ASSERT_TRUE(doc) << error << "\n" << ex.to_json();
-  EXPECT_EQ(doc->find("chosen")->as_string(), "fake_no_dropout");
-  EXPECT_EQ(doc->find("pass")->as_string(), "backward");
-  EXPECT_EQ(doc->find("order_source")->as_string(), "options");
-  EXPECT_EQ(doc->find("problem")->find("D")->as_number(), 32.0);
+  const auto doc = nlohmann::json::parse(ex.to_json(), nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(doc.is_discarded()) << ex.to_json();
+  EXPECT_EQ(doc.at("chosen"), "fake_no_dropout");
+  EXPECT_EQ(doc.at("pass"), "backward");
+  EXPECT_EQ(doc.at("order_source"), "options");
+  EXPECT_EQ(doc.at("problem").at("D"), 32);
   bool saw_small_d = false;
-  for (const auto& b : doc->find("backends")->items()) {
-    if (b.find("name")->as_string() != "fake_small_d") continue;
+  for (const auto& b : doc.at("backends")) {
+    if (b.at("name") != "fake_small_d") continue;
     saw_small_d = true;
-    EXPECT_FALSE(b.find("eligible")->as_bool());
-    EXPECT_EQ(b.find("reasons")->items().at(0).as_string(), "head dim D=32 > 16");
+    EXPECT_FALSE(b.at("eligible").get<bool>());
+    EXPECT_EQ(b.at("reasons").at(0), "head dim D=32 > 16");
   }
   EXPECT_TRUE(saw_small_d);
   // No backend: chosen is null in JSON and "none" in text.
   Call bad(32, 4, 0.1);
   const Explanation none = explain(bad.args(), Pass::forward, only({"fake_small_d"}));
   EXPECT_TRUE(none.chosen.empty());
-  EXPECT_TRUE(detail::json::parse(none.to_json())->find("chosen")->is_null());
+  EXPECT_TRUE(nlohmann::json::parse(none.to_json()).at("chosen").is_null());
   EXPECT_TRUE(contains(none.to_string(), "chosen: none")) << none.to_string();
 }
 
