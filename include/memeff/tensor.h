@@ -49,6 +49,8 @@ struct TensorView {
                             Device device = Device::cpu());
 
   bool defined() const { return rank > 0; }
+  // Product of the sizes; 0 for an undefined view or a rank outside [1, kMaxRank], INT64_MAX
+  // when the product overflows (validation rejects such views).
   std::int64_t numel() const;
   std::int64_t size(int dim) const { return shape[dim]; }
   // Element offset of an index tuple (as many indices as the rank).

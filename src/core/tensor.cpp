@@ -1,4 +1,5 @@
 // TensorView helpers and names of the vocabulary types.
+#include <limits>
 #include <sstream>
 
 #include "memeff/attention.h"
@@ -88,14 +89,20 @@ TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<st
 }
 
 std::int64_t TensorView::numel() const {
-  if (rank == 0) return 0;
+  if (rank <= 0 || rank > kMaxRank) return 0;
   std::int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i) {
+    if (__builtin_mul_overflow(n, shape[i], &n)) return std::numeric_limits<std::int64_t>::max();
+  }
   return n;
 }
 
 std::string TensorView::describe() const {
   std::ostringstream os;
+  if (rank < 0 || rank > kMaxRank) {
+    os << dtype_name(dtype) << " view of invalid rank " << rank << " on " << device_name(device);
+    return os.str();
+  }
   os << dtype_name(dtype) << "[";
   for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << shape[i];
   os << "] strides [";
