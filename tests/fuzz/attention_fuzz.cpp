@@ -196,7 +196,10 @@ class Arena {
       }
       // Shares the other tensor's memory where all of this view fits inside it (so filling
       // the inputs stays in bounds); validation must reject any output among them.
-      if (s.alias_of >= 0 && span && allocated_[s.alias_of] && !storage_[s.alias_of].empty()) {
+      // Only between tensors of one dtype: reinterpreting fp32 bytes as fp16 makes inputs
+      // non-finite, where backends may differ (0·inf) without either being wrong.
+      if (s.alias_of >= 0 && span && allocated_[s.alias_of] && !storage_[s.alias_of].empty() &&
+          specs[s.alias_of].dtype == s.dtype) {
         auto* other = static_cast<unsigned char*>(views_[s.alias_of].data);
         auto* begin = reinterpret_cast<unsigned char*>(storage_[s.alias_of].data());
         auto* end = begin + storage_[s.alias_of].size() * sizeof(double);
