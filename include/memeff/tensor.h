@@ -24,6 +24,10 @@ struct Device {
 };
 
 std::size_t dtype_size(DType dtype);
+// One element of host memory holding `dtype` values, `index` elements from `data`: read as double,
+// or written rounded to the dtype (round to nearest even for fp16 and bf16).
+double load_element(const void* data, DType dtype, std::int64_t index);
+void store_element(void* data, DType dtype, std::int64_t index, double value);
 const char* dtype_name(DType dtype);
 std::string device_name(Device device);
 

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,10 +27,6 @@
 
 #include "core/json_text.h"
 #include "memeff/error.h"
-
-#if defined(MEMEFF_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
 
 namespace memeff {
 namespace detail {
@@ -51,22 +46,6 @@ void warn_once(const std::string& what_key, const std::string& message) {
   std::lock_guard lock(mutex);
   if (!warned.insert(what_key).second) return;
   std::cerr << "memeff: warning: " << message << std::endl;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        std::string model = line.substr(colon + 1);
-        model.erase(0, model.find_first_not_of(" \t"));
-        return model;
-      }
-    }
-  }
-  return "unknown";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,55 +240,6 @@ void persist(Store& s) {
 // ---------------------------------------------------------------------------------------------
 // Timing.
 
-#if defined(MEMEFF_WITH_CUDA)
-void cuda_check(cudaError_t err, const char* call) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error,
-                std::string(call) + " failed while autotuning: " + cudaGetErrorString(err));
-  }
-}
-
-// Times one run with CUDA events recorded on the call's stream.
-class CudaTimer {
- public:
-  CudaTimer(int device, void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
-    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
-  }
-  ~CudaTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    cudaSetDevice(previous_);
-  }
-  CudaTimer(const CudaTimer&) = delete;
-  CudaTimer& operator=(const CudaTimer&) = delete;
-
-  double time_ms(const std::function<void()>& fn) {
-    cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-    fn();
-    cuda_check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float ms = 0.0f;
-    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    return static_cast<double>(ms);
-  }
-
- private:
-  cudaStream_t stream_;
-  int previous_ = 0;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
-#endif
-
-double host_time_ms(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::milli>(t1 - t0).count();
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -318,34 +248,14 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-std::string device_label(Device device) {
-  if (device.type == DeviceType::cpu) {
-    static const std::string label = "cpu " + cpu_model();
-    return label;
-  }
-#if defined(MEMEFF_WITH_CUDA)
-  static std::mutex mutex;
-  static std::map<int, std::string> labels;
-  std::lock_guard lock(mutex);
-  auto it = labels.find(device.index);
-  if (it != labels.end()) return it->second;
-  cudaDeviceProp prop{};
-  const cudaError_t err = cudaGetDeviceProperties(&prop, device.index);
-  if (err != cudaSuccess) return "cuda:" + std::to_string(device.index) + " (unknown GPU)";
-  std::string label =
-      std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
-  labels[device.index] = label;
-  return label;
-#else
-  return "cuda:" + std::to_string(device.index) + " (CUDA not built)";
-#endif
-}
-
-std::string tune_key(const Problem& p, Pass pass, const std::vector<std::string>& candidates) {
-  std::vector<std::string> names = candidates;
+std::string tune_key(const Problem& p, Pass pass,
+                     const std::vector<std::shared_ptr<Backend>>& candidates) {
+  std::vector<std::string> names;
+  for (const auto& c : candidates) names.push_back(c->name());
   std::sort(names.begin(), names.end());
   std::ostringstream os;
-  os << device_label(p.device) << "|" << dtype_name(p.dtype) << "|bh=" << p.B * p.Hq
+  os << (candidates.empty() ? device_label(p.device) : candidates.front()->device_label(p.device))
+     << "|" << dtype_name(p.dtype) << "|bh=" << p.B * p.Hq
      << "|lq=" << p.Lq << "|lk=" << p.Lk << "|d=" << p.D << "|dv=" << p.Dv
      << "|causal=" << causal_mode_name(p.causal) << "|dropout=" << (p.has_dropout() ? "on" : "off")
      << "|bias=" << p.bias_pattern();
@@ -390,14 +300,9 @@ TuneOutcome autotune_time(const Problem& problem, Pass pass, const std::string& 
       o.workspace_bytes = 0;
     }
     try {
-      std::function<double(const std::function<void()>&)> timer = host_time_ms;
-#if defined(MEMEFF_WITH_CUDA)
-      std::unique_ptr<CudaTimer> cuda_timer;
-      if (problem.device.type == DeviceType::cuda) {
-        cuda_timer = std::make_unique<CudaTimer>(problem.device.index, options.stream);
-        timer = [&](const std::function<void()>& fn) { return cuda_timer->time_ms(fn); };
-      }
-#endif
+      auto timer = [&](const std::function<void()>& fn) {
+        return backend->time_ms(problem, o, fn);
+      };
       auto once = [&] { run(*backend, o); };
       double warm = 0.0;
       for (int w = 0; w < kAutotuneWarmups; ++w) warm = timer(once);

@@ -1,7 +1,7 @@
 // The backend registry and the dispatcher behind forward, backward, workspace_size and explain.
 // All four go through decide(): resolve the order, collect every backend's reasons, choose (first
 // eligible, or the autotuned winner), so what explain() says is exactly what a call does.
-#include "core/dispatch.h"
+#include "core/dispatch_decision.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -307,7 +307,7 @@ Decision decide(const Problem& problem, Pass pass, const Options& options) {
   if (ex.autotune) {
     std::vector<std::string> names;
     for (const auto& b : d.eligible) names.push_back(b->name());
-    ex.key = tune_key(problem, pass, names);
+    ex.key = tune_key(problem, pass, d.eligible);
     if (d.eligible.size() == 1) {
       why += "; autotune: only one candidate, nothing to time";
     } else if (std::optional<TuneEntry> hit = autotune_lookup(ex.key);

@@ -2,6 +2,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/numeric.h"
 #include "memeff/attention.h"
 #include "memeff/error.h"
 #include "memeff/tensor.h"
@@ -26,6 +27,20 @@ const char* dtype_name(DType dtype) {
     case DType::f64: return "fp64";
   }
   return "unknown";
+}
+
+double load_element(const void* data, DType dtype, std::int64_t index) {
+  TensorView v;
+  v.data = const_cast<void*>(data);
+  v.dtype = dtype;
+  return detail::load_as_double(v, index);
+}
+
+void store_element(void* data, DType dtype, std::int64_t index, double value) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  detail::store_from_double(v, index, value);
 }
 
 std::string device_name(Device device) {

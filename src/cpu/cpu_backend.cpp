@@ -591,3 +591,9 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
 std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
 
 }  // namespace memeff::detail
+
+namespace memeff {
+
+const char* cpu_kernel_isa() { return detail::cpu_kernels().name; }
+
+}  // namespace memeff

@@ -37,7 +37,7 @@ class TimedBackend final : public Backend {
  public:
   TimedBackend(std::string name, double ms) : name_(std::move(name)), ms_(ms) {}
   std::string name() const override { return name_; }
-  DeviceType device_type() const override { return DeviceType::cpu; }
+  DeviceType device_type() const override { return claimed_device; }
   std::vector<std::string> reasons_unsupported(const Problem&, Pass) const override { return {}; }
   void forward(const Problem&, const AttentionArgs&, const TensorView&, const TensorView&,
                const Options&) override {
@@ -49,7 +49,17 @@ class TimedBackend final : public Backend {
     ++backward_calls;
     wait();
   }
+  // With claimed_device cuda: own_timer stands for a device timer (a host clock here, as the fake
+  // finishes its work before returning); without it the default Backend::time_ms applies.
+  double time_ms(const Problem& p, const Options& o, const std::function<void()>& run) override {
+    if (!own_timer) return Backend::time_ms(p, o, run);
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   std::atomic<int> forward_calls{0}, backward_calls{0};
+  DeviceType claimed_device = DeviceType::cpu;
+  bool own_timer = false;
 
  private:
   void wait() const {
@@ -75,6 +85,11 @@ struct Call {
     return a;
   }
   CallInfo run(const Options& o) const { return forward(args(), out.view, lse.view, o); }
+  // The same views, labelled as cuda:0 memory (fake backends never read them).
+  Call& on_cuda() {
+    for (HostTensor* t : {&q, &k, &v, &out, &lse}) t->view.device = Device::cuda(0);
+    return *this;
+  }
 };
 
 std::string read_text(const fs::path& p) {
@@ -379,6 +394,24 @@ TEST_F(AutotuneTest, ADeeplyNestedCacheIsIgnoredWithoutCrashing) {
   const auto doc = parse_json(read_text(cache()));
   ASSERT_FALSE(doc.is_discarded());
   EXPECT_EQ(doc.at("entries").size(), 1u);
+}
+
+// Backend::time_ms's default reads the host clock, which would time only the launches of a
+// device backend: such a backend fails its timing (and loses) instead of winning on a wrong time.
+TEST_F(AutotuneTest, ADeviceBackendWithoutItsOwnTimerIsNotTimedByTheHostClock) {
+  auto untimed = add("fake_gpu_untimed", 0.0);  // the fastest, if it were host-timed
+  auto timed = add("fake_gpu_timed", 3.0);
+  untimed->claimed_device = timed->claimed_device = DeviceType::cuda;
+  timed->own_timer = true;
+  Call c(50);
+  c.on_cuda();
+  const Options o = tuned({"fake_gpu_untimed", "fake_gpu_timed"});
+  EXPECT_EQ(c.run(o).backend, "fake_gpu_timed");
+  EXPECT_EQ(untimed->forward_calls, 0);
+  const Explanation ex = explain(c.args(), Pass::forward, o);
+  ASSERT_EQ(ex.timings.size(), 1u) << ex.reason;
+  EXPECT_EQ(ex.timings[0].backend, "fake_gpu_timed");
+  EXPECT_NE(ex.key.find("cuda:0"), std::string::npos) << ex.key;  // the default device label
 }
 
 }  // namespace
