@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing memeff needs on a Debian/Ubuntu machine, and nothing that
-# is already there. CUDA is optional: with nvcc on the PATH the GPU backends build too.
+# is already there (clang and libomp-dev serve the sanitized and fuzz builds of
+# scripts/ci-extra.sh). CUDA is optional: with nvcc on the PATH the GPU backends build too.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ make libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-          python3)
+          nlohmann-json3-dev clang libomp-dev python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -121,7 +121,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (!backend.empty()) options.backends = split(backend, ',');
   L2Flusher flusher(device);
   Timer timer(device);
-  std::vector<std::string> rows;
+  Json rows = Json::array();
   int failures = 0;
   const std::size_t total = shapes.size() * dropouts.size();
   std::size_t index = 0;
@@ -140,9 +140,9 @@ int bench_command(const std::vector<std::string>& argv) {
       c.seed = seed;
       c.dtype = dtype;
       const DType dt = c.dtype_on(device.type);
-      JsonObject row;
-      row.add("B", s.B).add("H", s.H).add("Hkv", s.Hkv).add("Lq", s.Lq).add("Lk", s.Lk).add("D", s.D).add("causal", s.causal)
-          .add("dropout", p_drop).add("dtype", dtype_name(dt));
+      Json row = {{"B", s.B},       {"H", s.H},           {"Hkv", s.Hkv},
+                  {"Lq", s.Lq},     {"Lk", s.Lk},         {"D", s.D},
+                  {"causal", s.causal}, {"dropout", p_drop}, {"dtype", dtype_name(dt)}};
       char label[96];
       std::snprintf(label, sizeof label, "%-24s p=%-4g", s.text.c_str(), p_drop);
       std::fprintf(stderr, "memeff bench: [%zu/%zu] %s: preparing inputs\n", index, total, label);
@@ -191,40 +191,40 @@ int bench_command(const std::vector<std::string>& argv) {
                                                    d.dv.bytes());
         const double extra = (outputs + static_cast<double>(ws_f + ws_b)) / kMiB + drop_mib;
         const double f_tf = flops / t_f / 1e9, b_tf = 2.5 * flops / t_b / 1e9, fb_tf = 3.5 * flops / (t_f + t_b) / 1e9;
-        row.add("backend", fi.backend)
-            .add("fwd_ms", t_f)
-            .add("bwd_ms", t_b)
-            .add("fwd_tflops", f_tf)
-            .add("bwd_tflops", b_tf)
-            .add("fwdbwd_tflops", fb_tf)
-            .add("extra_mib", extra)
-            .add("backend_backward", bi.backend)
-            .add("p_effective", fi.p_effective)
-            .add("workspace_fwd_mib", static_cast<double>(ws_f) / kMiB)
-            .add("workspace_bwd_mib", static_cast<double>(ws_b) / kMiB)
-            .add("memgetinfo_drop_mib", drop_mib)
-            .add("iters", iters)
-            .add("library", "memeff");
+        row["backend"] = fi.backend;
+        row["fwd_ms"] = t_f;
+        row["bwd_ms"] = t_b;
+        row["fwd_tflops"] = f_tf;
+        row["bwd_tflops"] = b_tf;
+        row["fwdbwd_tflops"] = fb_tf;
+        row["extra_mib"] = extra;
+        row["backend_backward"] = bi.backend;
+        row["p_effective"] = fi.p_effective;
+        row["workspace_fwd_mib"] = static_cast<double>(ws_f) / kMiB;
+        row["workspace_bwd_mib"] = static_cast<double>(ws_b) / kMiB;
+        row["memgetinfo_drop_mib"] = drop_mib;
+        row["iters"] = iters;
+        row["library"] = "memeff";
         std::printf("%s %-10s fwd %8.3f ms %7.3g  bwd %8.3f ms %7.3g  fwd+bwd %7.3g TFLOP/s  extra %8.1f MiB\n", label,
                     fi.backend.c_str(), t_f, f_tf, t_b, b_tf, fb_tf, extra);
       } catch (const Error& e) {
         ++failures;
         std::string first_line = e.what();
         first_line = first_line.substr(0, first_line.find('\n'));
-        row.add("backend", backend.empty() ? "memeff" : backend).add("error", first_line).add("library", "memeff");
+        row["backend"] = backend.empty() ? "memeff" : backend;
+        row["error"] = first_line;
+        row["library"] = "memeff";
         std::printf("%s unsupported or failed: %s\n", label, first_line.c_str());
       }
       std::fflush(stdout);
-      rows.push_back(row.str());
+      rows.push_back(std::move(row));
     }
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     if (!out) throw Error(ErrorCode::io_error, "--json: cannot open `" + json_path + "` for writing");
-    std::string joined = "[\n";
-    for (std::size_t i = 0; i < rows.size(); ++i) joined += "  " + rows[i] + (i + 1 < rows.size() ? ",\n" : "\n");
-    joined += "]";
-    out << JsonObject().add("gpu", where).add("memeff", version()).raw("rows", joined).str() << "\n";
+    const Json doc = {{"gpu", where}, {"memeff", version()}, {"rows", rows}};
+    out << json_text(doc, 1) << "\n";
     if (!out) throw Error(ErrorCode::io_error, "--json: writing `" + json_path + "` failed");
   }
   return failures ? 1 : 0;  // the JSON and every other row are still written

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <utility>
 
-#include "cpu/simd_kernels.h"
+#include "memeff/backend.h"
 #include "memeff/error.h"
 
 #if defined(MEMEFF_WITH_CUDA)
@@ -46,12 +46,19 @@ CudaStatus cuda_status() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
-    s.why_not = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(status);
+    // The runtime's own words ("CUDA driver version is insufficient for CUDA runtime version")
+    // tell a new user little: say what is missing, and keep the error's name for the curious.
+    const char* why = status == cudaErrorInsufficientDriver
+                          ? "the NVIDIA driver is missing or older than this build's CUDA runtime"
+                      : status == cudaErrorNoDevice ? "no CUDA device is present"
+                                                    : cudaGetErrorString(status);
+    s.why_not = std::string("no usable CUDA device was found: ") + why + " (cudaGetDeviceCount: " +
+                cudaGetErrorName(status) + ")";
     (void)cudaGetLastError();  // clear the sticky-free error state for later calls
     return s;
   }
   s.device_count = count;
-  if (count == 0) s.why_not = "no CUDA device is present";
+  if (count == 0) s.why_not = "no usable CUDA device was found: no CUDA device is present";
 #else
   s.why_not = "this memeff build has no CUDA support (configured without nvcc or with -DMEMEFF_CUDA=OFF)";
 #endif
@@ -61,7 +68,7 @@ CudaStatus cuda_status() {
 std::string device_description(Device device) {
   std::ostringstream os;
   if (device.type == DeviceType::cpu) {
-    os << "cpu (" << omp_get_max_threads() << " threads, " << detail::cpu_kernels().name
+    os << "cpu (" << omp_get_max_threads() << " threads, " << cpu_kernel_isa()
        << " kernels)";
     return os.str();
   }

@@ -103,17 +103,17 @@ int explain_command(const std::vector<std::string>& argv) {
   std::vector<std::pair<const char*, Pass>> passes;
   if (pass != PassChoice::backward) passes.emplace_back("forward", Pass::forward);
   if (pass != PassChoice::forward) passes.emplace_back("backward", Pass::backward);
-  JsonObject j;
+  Json j = Json::object();
   for (const auto& [name, which] : passes) {
     const Explanation ex = explain(args, which, options);
     if (json) {
-      j.raw(name, ex.to_json());
+      j[name] = Json::parse(ex.to_json());
     } else {
       std::printf("== %s ==\n%s", name, ex.to_string().c_str());
       if (!ex.to_string().empty() && ex.to_string().back() != '\n') std::printf("\n");
     }
   }
-  if (json) std::printf("%s\n", j.str().c_str());
+  if (json) std::printf("%s\n", json_text(j).c_str());
   return 0;
 }
 
@@ -144,20 +144,14 @@ int tune_command(const std::vector<std::string>& argv) {
     const std::vector<TuneEntry> entries = autotune_entries();
     const std::string path = autotune_cache_path();
     if (json) {
-      std::string rows = "[";
-      for (std::size_t i = 0; i < entries.size(); ++i) {
-        const TuneEntry& e = entries[i];
-        std::string cands = "[";
-        for (std::size_t c = 0; c < e.candidates.size(); ++c) {
-          cands += (c ? ", " : "") + JsonObject().add("backend", e.candidates[c].backend).add("ms", e.candidates[c].ms).str();
-        }
-        cands += "]";
-        rows += (i ? ", " : "") +
-                JsonObject().add("key", e.key).add("backend", e.backend).add("config", e.config).add("ms", e.ms)
-                    .raw("candidates", cands).str();
+      Json rows = Json::array();
+      for (const TuneEntry& e : entries) {
+        Json cands = Json::array();
+        for (const CandidateTime& c : e.candidates) cands.push_back({{"backend", c.backend}, {"ms", c.ms}});
+        rows.push_back(
+            {{"key", e.key}, {"backend", e.backend}, {"config", e.config}, {"ms", e.ms}, {"candidates", cands}});
       }
-      rows += "]";
-      std::printf("%s\n", JsonObject().add("cache", path).raw("entries", rows).str().c_str());
+      std::printf("%s\n", json_text({{"cache", path}, {"entries", rows}}).c_str());
       return 0;
     }
     std::printf("cache file: %s\n%zu entr%s\n", path.c_str(), entries.size(), entries.size() == 1 ? "y" : "ies");

@@ -338,46 +338,46 @@ int run_command(const std::vector<std::string>& argv) {
 
   const DropoutThreshold dt = dropout_threshold(c.dropout);
   if (rc.json) {
-    JsonObject errors, tolerances, refs;
+    Json errors = Json::object(), tolerances = Json::object(), refs = Json::object();
     for (const CheckResult& r : checks) {
-      errors.add(r.name, r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs);
-      tolerances.add(r.name, r.tol.bound(r.cmp.max_ref));
-      refs.add(r.name, r.cmp.max_ref);
+      errors[r.name] = r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs;
+      tolerances[r.name] = r.tol.bound(r.cmp.max_ref);
+      refs[r.name] = r.cmp.max_ref;
     }
-    JsonObject j;
-    j.add("backend", fwd_info.backend)
-        .add("backend_backward", bwd_info.backend)
-        .add("device", device_name(device))
-        .add("device_description", where)
-        .add("device_note", device_note)
-        .add("dtype", dtype_name(d.dtype))
-        .add("B", c.B)
-        .add("Hq", c.Hq)
-        .add("Hkv", c.hkv())
-        .add("Lq", c.Lq)
-        .add("Lk", c.lk())
-        .add("D", c.D)
-        .add("Dv", c.dv())
-        .add("causal", causal_flag_name(c.causal))
-        .add("bias", c.bias.text())
-        .add("dropout", c.dropout)
-        .add("p_effective", fwd_info.p_effective)
-        .add("seed", c.seed)
-        .add("offset", c.offset)
-        .add("iters", iters)
-        .add("fwd_ms", t_f)
-        .add("bwd_ms", t_b)
-        .add("fwd_tflops", fwd_tflops)
-        .add("bwd_tflops", bwd_tflops)
-        .add("tflops", fb_tflops)
-        .add("workspace_fwd_bytes", static_cast<std::uint64_t>(ws_fwd))
-        .add("workspace_bwd_bytes", static_cast<std::uint64_t>(ws_bwd))
-        .add("check", plan.describe(c))
-        .add("max_abs_err", errors)
-        .add("tolerance", tolerances)
-        .add("max_abs_ref", refs)
-        .add("pass", pass);
-    std::printf("%s\n", j.str().c_str());
+    Json j;
+    j["backend"] = fwd_info.backend;
+    j["backend_backward"] = bwd_info.backend;
+    j["device"] = device_name(device);
+    j["device_description"] = where;
+    j["device_note"] = device_note;
+    j["dtype"] = dtype_name(d.dtype);
+    j["B"] = c.B;
+    j["Hq"] = c.Hq;
+    j["Hkv"] = c.hkv();
+    j["Lq"] = c.Lq;
+    j["Lk"] = c.lk();
+    j["D"] = c.D;
+    j["Dv"] = c.dv();
+    j["causal"] = causal_flag_name(c.causal);
+    j["bias"] = c.bias.text();
+    j["dropout"] = c.dropout;
+    j["p_effective"] = fwd_info.p_effective;
+    j["seed"] = c.seed;
+    j["offset"] = c.offset;
+    j["iters"] = iters;
+    j["fwd_ms"] = t_f;
+    j["bwd_ms"] = t_b;
+    j["fwd_tflops"] = fwd_tflops;
+    j["bwd_tflops"] = bwd_tflops;
+    j["tflops"] = fb_tflops;
+    j["workspace_fwd_bytes"] = static_cast<std::uint64_t>(ws_fwd);
+    j["workspace_bwd_bytes"] = static_cast<std::uint64_t>(ws_bwd);
+    j["check"] = plan.describe(c);
+    j["max_abs_err"] = errors;
+    j["tolerance"] = tolerances;
+    j["max_abs_ref"] = refs;
+    j["pass"] = pass;
+    std::printf("%s\n", json_text(j).c_str());
     return pass ? 0 : 1;
   }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "core/numeric.h"
 #include "memeff/error.h"
 
 namespace memeff::cli {
@@ -54,19 +53,9 @@ HostArray::HostArray(DType dtype_, Shape shape_)
     : dtype(dtype_), shape(std::move(shape_)),
       bytes(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype_)) {}
 
-double HostArray::get(std::int64_t i) const {
-  TensorView v;
-  v.data = const_cast<unsigned char*>(bytes.data());
-  v.dtype = dtype;
-  return detail::load_as_double(v, i);
-}
+double HostArray::get(std::int64_t i) const { return load_element(bytes.data(), dtype, i); }
 
-void HostArray::set(std::int64_t i, double value) {
-  TensorView v;
-  v.data = bytes.data();
-  v.dtype = dtype;
-  detail::store_from_double(v, i, value);
-}
+void HostArray::set(std::int64_t i, double value) { store_element(bytes.data(), dtype, i, value); }
 
 TensorView HostArray::view() const {
   // Views of empty arrays still need a non-null pointer for validation.

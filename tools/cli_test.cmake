@@ -2,7 +2,8 @@
 # default 0), optionally that stdout is one JSON object holding every key of JSON_KEYS (parsed
 # with CMake's own JSON reader, so no other tool is needed), and that stderr matches
 # EXPECT_STDERR. Usage: cmake -DMEMEFF=<program> "-DARGS=run|--device|cpu" [-DEXPECT_RC=2]
-#   [-DJSON_KEYS=backend|max_abs_err.out] [-DJSON_TRUE=pass] [-DEXPECT_STDERR=regex] -P cli_test.cmake
+#   [-DJSON_KEYS=backend|max_abs_err.out] [-DJSON_TRUE=pass] [-DEXPECT_STDERR=regex]
+#   [-DEXPECT_STDOUT=regex] -P cli_test.cmake
 cmake_minimum_required(VERSION 3.24)
 if(NOT DEFINED EXPECT_RC)
   set(EXPECT_RC 0)
@@ -15,6 +16,9 @@ execute_process(COMMAND ${MEMEFF} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out
 string(REPLACE ";" " " shown "${ARGS}")
 if(NOT rc STREQUAL "${EXPECT_RC}")
   message(FATAL_ERROR "memeff ${shown}: exit status ${rc}, expected ${EXPECT_RC}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+if(DEFINED EXPECT_STDOUT AND NOT out MATCHES "${EXPECT_STDOUT}")
+  message(FATAL_ERROR "memeff ${shown}: stdout does not match `${EXPECT_STDOUT}`:\n${out}")
 endif()
 if(DEFINED EXPECT_STDERR AND NOT err MATCHES "${EXPECT_STDERR}")
   message(FATAL_ERROR "memeff ${shown}: stderr does not match `${EXPECT_STDERR}`:\n${err}")

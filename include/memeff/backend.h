@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,19 @@ class Backend {
   // Scratch bytes wanted for the pass (0 by default).
   virtual std::size_t workspace_bytes(const Problem&, Pass) const { return 0; }
 
+  // Autotuning: the milliseconds one call of `run` (a pass of this backend with `options`)
+  // takes. The default reads the host's steady clock, which is right for backends that finish
+  // their work before returning (reference, cpu); it refuses (ErrorCode::unsupported, so the
+  // candidate is reported as failed, not mistimed) for a backend whose device_type() is cuda, which
+  // must override it to time on the device, e.g. with CUDA events recorded on options.stream
+  // around `run` on problem.device.
+  virtual double time_ms(const Problem& problem, const Options& options,
+                         const std::function<void()>& run);
+  // The device as autotune keys name it, so that a winner is never reused on other hardware.
+  // The default: "cpu <model name>" for the host, "cuda:N" for a GPU (a CUDA backend should
+  // override it with the GPU's name and compute capability, "NVIDIA H200 sm_90").
+  virtual std::string device_label(Device device) const;
+
   virtual void forward(const Problem& problem, const AttentionArgs& args, const TensorView& out,
                        const TensorView& lse, const Options& options) = 0;
   virtual void backward(const Problem& problem, const AttentionArgs& args,
@@ -66,6 +80,10 @@ void register_backend(std::shared_ptr<Backend> backend);
 bool unregister_backend(const std::string& name);
 std::shared_ptr<Backend> find_backend(const std::string& name);
 std::vector<std::string> backend_names();
+
+// The instruction set of the cpu backend's kernels on this machine: "avx512", "avx2" or
+// "scalar" (the best the CPU has, capped by MEMEFF_CPU_ISA).
+const char* cpu_kernel_isa();
 
 // Validation: throw memeff::Error (invalid_argument) naming the first bad argument.
 Problem validate_inputs(const AttentionArgs& args);

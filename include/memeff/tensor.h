@@ -24,6 +24,10 @@ struct Device {
 };
 
 std::size_t dtype_size(DType dtype);
+// One element of host memory holding `dtype` values, `index` elements from `data`: read as double,
+// or written rounded to the dtype (round to nearest even for fp16 and bf16).
+double load_element(const void* data, DType dtype, std::int64_t index);
+void store_element(void* data, DType dtype, std::int64_t index, double value);
 const char* dtype_name(DType dtype);
 std::string device_name(Device device);
 
@@ -49,6 +53,8 @@ struct TensorView {
                             Device device = Device::cpu());
 
   bool defined() const { return rank > 0; }
+  // Product of the sizes; 0 for an undefined view or a rank outside [1, kMaxRank], INT64_MAX
+  // when the product overflows (validation rejects such views).
   std::int64_t numel() const;
   std::int64_t size(int dim) const { return shape[dim]; }
   // Element offset of an index tuple (as many indices as the rank).

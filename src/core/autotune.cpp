@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,12 +23,10 @@
 #include <set>
 #include <sstream>
 
-#include "core/json.h"
-#include "memeff/error.h"
+#include <nlohmann/json.hpp>
 
-#if defined(MEMEFF_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
+#include "core/json_text.h"
+#include "memeff/error.h"
 
 namespace memeff {
 namespace detail {
@@ -51,22 +48,6 @@ void warn_once(const std::string& what_key, const std::string& message) {
   std::cerr << "memeff: warning: " << message << std::endl;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        std::string model = line.substr(colon + 1);
-        model.erase(0, model.find_first_not_of(" \t"));
-        return model;
-      }
-    }
-  }
-  return "unknown";
-}
-
 // ---------------------------------------------------------------------------------------------
 // The in-memory store, mirroring the file at `path`.
 
@@ -82,43 +63,38 @@ Store& store() {
   return *s;
 }
 
-json::Value entry_to_json(const TuneEntry& e) {
-  json::Value v = json::Value::object();
-  v.set("backend", json::Value::string(e.backend));
-  v.set("config", json::Value::string(e.config));
-  v.set("ms", json::Value::number(e.ms));
-  json::Value cands = json::Value::array();
+Json entry_to_json(const TuneEntry& e) {
+  Json cands = Json::array();
   for (const CandidateTime& c : e.candidates) {
-    json::Value cv = json::Value::object();
-    cv.set("backend", json::Value::string(c.backend));
-    cv.set("ms", json::Value::number(c.ms));
-    cands.push(std::move(cv));
+    cands.push_back(Json::object({{"backend", c.backend}, {"ms", c.ms}}));
   }
-  v.set("candidates", std::move(cands));
-  return v;
+  return Json::object(
+      {{"backend", e.backend}, {"config", e.config}, {"ms", e.ms}, {"candidates", cands}});
 }
 
 // Parses one entry; false when any field is missing or of the wrong kind.
-bool entry_from_json(const std::string& key, const json::Value& v, TuneEntry& e) {
-  const json::Value* backend = v.find("backend");
-  const json::Value* config = v.find("config");
-  const json::Value* ms = v.find("ms");
-  const json::Value* cands = v.find("candidates");
-  if (!backend || !backend->is_string() || backend->as_string().empty()) return false;
-  if (!config || !config->is_string() || !ms || !ms->is_number() || !(ms->as_number() >= 0.0)) {
+bool entry_from_json(const std::string& key, const Json& v, TuneEntry& e) {
+  const Json* backend = json_member(v, "backend");
+  const Json* config = json_member(v, "config");
+  const Json* ms = json_member(v, "ms");
+  const Json* cands = json_member(v, "candidates");
+  if (!backend || !backend->is_string() || backend->get_ref<const std::string&>().empty()) {
+    return false;
+  }
+  if (!config || !config->is_string() || !ms || !ms->is_number() || !(ms->get<double>() >= 0.0)) {
     return false;
   }
   if (!cands || !cands->is_array()) return false;
   e.key = key;
-  e.backend = backend->as_string();
-  e.config = config->as_string();
-  e.ms = ms->as_number();
+  e.backend = backend->get<std::string>();
+  e.config = config->get<std::string>();
+  e.ms = ms->get<double>();
   e.candidates.clear();
-  for (const json::Value& c : cands->items()) {
-    const json::Value* cb = c.find("backend");
-    const json::Value* cm = c.find("ms");
+  for (const Json& c : *cands) {
+    const Json* cb = json_member(c, "backend");
+    const Json* cm = json_member(c, "ms");
     if (!cb || !cb->is_string() || !cm || !cm->is_number()) return false;
-    e.candidates.push_back({cb->as_string(), cm->as_number()});
+    e.candidates.push_back({cb->get<std::string>(), cm->get<double>()});
   }
   return true;
 }
@@ -144,41 +120,43 @@ ReadStatus read_cache_file(const std::string& path, std::map<std::string, TuneEn
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return unusable("read error");
-  std::string error;
-  const std::optional<json::Value> doc = json::parse(text.str(), &error);
-  if (!doc) return unusable("not valid JSON: " + error);
-  const json::Value* format = doc->find("format");
-  if (!format || !format->is_string() || format->as_string() != kFormatName) {
+  Json doc;
+  try {
+    doc = Json::parse(text.str());
+  } catch (const Json::parse_error& e) {
+    return unusable(std::string("not valid JSON: ") + e.what());
+  }
+  const Json* format = json_member(doc, "format");
+  if (!format || !format->is_string() || format->get_ref<const std::string&>() != kFormatName) {
     return unusable("not a memeff autotune file");
   }
-  const json::Value* fv = doc->find("format_version");
-  if (!fv || !fv->is_number() || fv->as_number() != kAutotuneFormatVersion) {
+  const Json* fv = json_member(doc, "format_version");
+  if (!fv || !fv->is_number() || fv->get<double>() != kAutotuneFormatVersion) {
     return unusable("format version is not " + std::to_string(kAutotuneFormatVersion));
   }
-  const json::Value* lib = doc->find("library_version");
-  if (!lib || !lib->is_string() || lib->as_string() != version()) {
-    return unusable("written by memeff " + (lib && lib->is_string() ? lib->as_string() : "?") +
+  const Json* lib = json_member(doc, "library_version");
+  if (!lib || !lib->is_string() || lib->get_ref<const std::string&>() != version()) {
+    return unusable("written by memeff " + (lib && lib->is_string() ? lib->get<std::string>() : "?") +
                     ", this is " + version());
   }
-  const json::Value* list = doc->find("entries");
+  const Json* list = json_member(doc, "entries");
   if (!list || !list->is_object()) return unusable("no entries object");
-  for (const auto& [key, value] : list->members()) {
+  for (const auto& [key, value] : list->items()) {
     TuneEntry e;
-    if (!entry_from_json(key, value, e)) return unusable("malformed entry " + json::quote(key));
+    if (!entry_from_json(key, value, e)) return unusable("malformed entry " + json_text(Json(key)));
     entries[key] = std::move(e);
   }
   return ReadStatus::ok;
 }
 
 std::string cache_document(const std::map<std::string, TuneEntry>& entries) {
-  json::Value doc = json::Value::object();
-  doc.set("format", json::Value::string(kFormatName));
-  doc.set("format_version", json::Value::number(kAutotuneFormatVersion));
-  doc.set("library_version", json::Value::string(version()));
-  json::Value list = json::Value::object();
-  for (const auto& [key, e] : entries) list.set(key, entry_to_json(e));
-  doc.set("entries", std::move(list));
-  return doc.dump() + "\n";
+  Json list = Json::object();
+  for (const auto& [key, e] : entries) list[key] = entry_to_json(e);
+  const Json doc = {{"format", kFormatName},
+                    {"format_version", kAutotuneFormatVersion},
+                    {"library_version", version()},
+                    {"entries", std::move(list)}};
+  return json_text(doc) + "\n";
 }
 
 // Loads the file into memory once per path (caller holds the store's mutex).
@@ -262,55 +240,6 @@ void persist(Store& s) {
 // ---------------------------------------------------------------------------------------------
 // Timing.
 
-#if defined(MEMEFF_WITH_CUDA)
-void cuda_check(cudaError_t err, const char* call) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error,
-                std::string(call) + " failed while autotuning: " + cudaGetErrorString(err));
-  }
-}
-
-// Times one run with CUDA events recorded on the call's stream.
-class CudaTimer {
- public:
-  CudaTimer(int device, void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
-    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
-  }
-  ~CudaTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    cudaSetDevice(previous_);
-  }
-  CudaTimer(const CudaTimer&) = delete;
-  CudaTimer& operator=(const CudaTimer&) = delete;
-
-  double time_ms(const std::function<void()>& fn) {
-    cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-    fn();
-    cuda_check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float ms = 0.0f;
-    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    return static_cast<double>(ms);
-  }
-
- private:
-  cudaStream_t stream_;
-  int previous_ = 0;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
-#endif
-
-double host_time_ms(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::milli>(t1 - t0).count();
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -319,34 +248,14 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-std::string device_label(Device device) {
-  if (device.type == DeviceType::cpu) {
-    static const std::string label = "cpu " + cpu_model();
-    return label;
-  }
-#if defined(MEMEFF_WITH_CUDA)
-  static std::mutex mutex;
-  static std::map<int, std::string> labels;
-  std::lock_guard lock(mutex);
-  auto it = labels.find(device.index);
-  if (it != labels.end()) return it->second;
-  cudaDeviceProp prop{};
-  const cudaError_t err = cudaGetDeviceProperties(&prop, device.index);
-  if (err != cudaSuccess) return "cuda:" + std::to_string(device.index) + " (unknown GPU)";
-  std::string label =
-      std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
-  labels[device.index] = label;
-  return label;
-#else
-  return "cuda:" + std::to_string(device.index) + " (CUDA not built)";
-#endif
-}
-
-std::string tune_key(const Problem& p, Pass pass, const std::vector<std::string>& candidates) {
-  std::vector<std::string> names = candidates;
+std::string tune_key(const Problem& p, Pass pass,
+                     const std::vector<std::shared_ptr<Backend>>& candidates) {
+  std::vector<std::string> names;
+  for (const auto& c : candidates) names.push_back(c->name());
   std::sort(names.begin(), names.end());
   std::ostringstream os;
-  os << device_label(p.device) << "|" << dtype_name(p.dtype) << "|bh=" << p.B * p.Hq
+  os << (candidates.empty() ? device_label(p.device) : candidates.front()->device_label(p.device))
+     << "|" << dtype_name(p.dtype) << "|bh=" << p.B * p.Hq
      << "|lq=" << p.Lq << "|lk=" << p.Lk << "|d=" << p.D << "|dv=" << p.Dv
      << "|causal=" << causal_mode_name(p.causal) << "|dropout=" << (p.has_dropout() ? "on" : "off")
      << "|bias=" << p.bias_pattern();
@@ -391,14 +300,9 @@ TuneOutcome autotune_time(const Problem& problem, Pass pass, const std::string& 
       o.workspace_bytes = 0;
     }
     try {
-      std::function<double(const std::function<void()>&)> timer = host_time_ms;
-#if defined(MEMEFF_WITH_CUDA)
-      std::unique_ptr<CudaTimer> cuda_timer;
-      if (problem.device.type == DeviceType::cuda) {
-        cuda_timer = std::make_unique<CudaTimer>(problem.device.index, options.stream);
-        timer = [&](const std::function<void()>& fn) { return cuda_timer->time_ms(fn); };
-      }
-#endif
+      auto timer = [&](const std::function<void()>& fn) {
+        return backend->time_ms(problem, o, fn);
+      };
       auto once = [&] { run(*backend, o); };
       double warm = 0.0;
       for (int w = 0; w < kAutotuneWarmups; ++w) warm = timer(once);

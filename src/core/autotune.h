@@ -14,13 +14,16 @@
 
 namespace memeff::detail {
 
-// "NVIDIA H200 sm_90" for a GPU, "cpu <model name>" for the host.
+// Backend::device_label's default (src/core/backend.cpp): "cpu <model name>" for the host,
+// "cuda:N" for a GPU.
 std::string device_label(Device device);
 
 // The key of a call: device, dtype, B·Hq, Lq, Lk, D, Dv, causal mode, dropout on/off, bias
 // broadcast pattern (and dtype), GQA ratio, pass, and the candidate set that was timed (so a
 // restricted call never reuses a winner it is not allowed to run).
-std::string tune_key(const Problem& problem, Pass pass, const std::vector<std::string>& candidates);
+// The device part comes from the first candidate's Backend::device_label.
+std::string tune_key(const Problem& problem, Pass pass,
+                     const std::vector<std::shared_ptr<Backend>>& candidates);
 
 // A remembered decision for `key` (loads the cache file on first use).
 std::optional<TuneEntry> autotune_lookup(const std::string& key);
@@ -38,8 +41,8 @@ struct TuneOutcome {
 
 // Times every candidate on the problem: kWarmups untimed-for-the-result runs, then kRepeats
 // timed runs, median. A candidate whose last warm-up is already kPruneFactor times slower than
-// the best median so far is not repeated (its warm-up time stands). CUDA problems are timed with
-// CUDA events on Options::stream; CPU problems with a steady clock.
+// the best median so far is not repeated (its warm-up time stands). Each candidate times itself
+// (Backend::time_ms: a steady clock for CPU backends, the device's own timer for GPU ones).
 TuneOutcome autotune_time(const Problem& problem, Pass pass, const std::string& key,
                           const std::vector<std::shared_ptr<Backend>>& candidates,
                           const Options& options, const PassRunner& run);

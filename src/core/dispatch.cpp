@@ -1,7 +1,7 @@
 // The backend registry and the dispatcher behind forward, backward, workspace_size and explain.
 // All four go through decide(): resolve the order, collect every backend's reasons, choose (first
 // eligible, or the autotuned winner), so what explain() says is exactly what a call does.
-#include "core/dispatch.h"
+#include "core/dispatch_decision.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,13 +13,13 @@
 #include <sstream>
 
 #include "core/builtin_backends.h"
-#include "core/json.h"
+#include "core/json_text.h"
 #include "memeff/error.h"
 
 namespace memeff {
 namespace {
 
-namespace json = detail::json;
+using detail::Json;
 
 struct Registry {
   std::mutex mutex;
@@ -98,22 +98,20 @@ std::vector<std::string> reasons_for(const Backend& backend, const Problem& prob
   }
 }
 
-json::Value problem_json(const Problem& p) {
-  json::Value v = json::Value::object();
-  v.set("dtype", json::Value::string(dtype_name(p.dtype)));
-  v.set("device", json::Value::string(device_name(p.device)));
-  v.set("B", json::Value::number(static_cast<double>(p.B)));
-  v.set("Hq", json::Value::number(static_cast<double>(p.Hq)));
-  v.set("Hkv", json::Value::number(static_cast<double>(p.Hkv)));
-  v.set("Lq", json::Value::number(static_cast<double>(p.Lq)));
-  v.set("Lk", json::Value::number(static_cast<double>(p.Lk)));
-  v.set("D", json::Value::number(static_cast<double>(p.D)));
-  v.set("Dv", json::Value::number(static_cast<double>(p.Dv)));
-  v.set("causal", json::Value::string(causal_mode_name(p.causal)));
-  v.set("bias", json::Value::string(p.bias_pattern()));
-  v.set("dropout_p", json::Value::number(p.dropout_p));
-  v.set("scale", json::Value::number(p.scale));
-  return v;
+Json problem_json(const Problem& p) {
+  return {{"dtype", dtype_name(p.dtype)},
+          {"device", device_name(p.device)},
+          {"B", p.B},
+          {"Hq", p.Hq},
+          {"Hkv", p.Hkv},
+          {"Lq", p.Lq},
+          {"Lk", p.Lk},
+          {"D", p.D},
+          {"Dv", p.Dv},
+          {"causal", causal_mode_name(p.causal)},
+          {"bias", p.bias_pattern()},
+          {"dropout_p", p.dropout_p},
+          {"scale", p.scale}};
 }
 
 bool log_dispatch_enabled() {
@@ -311,7 +309,7 @@ Decision decide(const Problem& problem, Pass pass, const Options& options) {
   if (ex.autotune) {
     std::vector<std::string> names;
     for (const auto& b : d.eligible) names.push_back(b->name());
-    ex.key = tune_key(problem, pass, names);
+    ex.key = tune_key(problem, pass, d.eligible);
     if (d.eligible.size() == 1) {
       why += "; autotune: only one candidate, nothing to time";
     } else if (std::optional<TuneEntry> hit = autotune_lookup(ex.key);
@@ -398,38 +396,25 @@ std::string Explanation::to_string() const {
 }
 
 std::string Explanation::to_json() const {
-  using detail::json::Value;
-  Value v = Value::object();
-  v.set("pass", Value::string(pass_name(pass)));
-  v.set("problem", problem_json(problem));
-  Value ord = Value::array();
-  for (const std::string& n : order) ord.push(Value::string(n));
-  v.set("order", std::move(ord));
-  v.set("order_source", Value::string(order_source));
-  Value list = Value::array();
+  Json list = Json::array();
   for (const BackendReport& r : backends) {
-    Value b = Value::object();
-    b.set("name", Value::string(r.name));
-    b.set("eligible", Value::boolean(r.eligible));
-    Value reasons = Value::array();
-    for (const std::string& s : r.reasons) reasons.push(Value::string(s));
-    b.set("reasons", std::move(reasons));
-    list.push(std::move(b));
+    list.push_back(Json::object({{"name", r.name}, {"eligible", r.eligible}, {"reasons", r.reasons}}));
   }
-  v.set("backends", std::move(list));
-  v.set("chosen", chosen.empty() ? Value() : Value::string(chosen));
-  v.set("reason", Value::string(reason));
-  v.set("autotune", Value::boolean(autotune));
-  if (!key.empty()) v.set("key", Value::string(key));
-  Value times = Value::array();
+  Json times = Json::array();
   for (const CandidateTime& t : timings) {
-    Value tv = Value::object();
-    tv.set("backend", Value::string(t.backend));
-    tv.set("ms", Value::number(t.ms));
-    times.push(std::move(tv));
+    times.push_back(Json::object({{"backend", t.backend}, {"ms", t.ms}}));
   }
-  v.set("timings", std::move(times));
-  return v.dump();
+  Json v = {{"pass", pass_name(pass)},
+            {"problem", problem_json(problem)},
+            {"order", order},
+            {"order_source", order_source},
+            {"backends", std::move(list)},
+            {"chosen", chosen.empty() ? Json() : Json(chosen)},
+            {"reason", reason},
+            {"autotune", autotune},
+            {"timings", std::move(times)}};
+  if (!key.empty()) v["key"] = key;
+  return detail::json_text(v);
 }
 
 Explanation explain(const AttentionArgs& args, Pass pass, const Options& options) {

@@ -1,6 +1,8 @@
 // TensorView helpers and names of the vocabulary types.
+#include <limits>
 #include <sstream>
 
+#include "core/numeric.h"
 #include "memeff/attention.h"
 #include "memeff/error.h"
 #include "memeff/tensor.h"
@@ -25,6 +27,20 @@ const char* dtype_name(DType dtype) {
     case DType::f64: return "fp64";
   }
   return "unknown";
+}
+
+double load_element(const void* data, DType dtype, std::int64_t index) {
+  TensorView v;
+  v.data = const_cast<void*>(data);
+  v.dtype = dtype;
+  return detail::load_as_double(v, index);
+}
+
+void store_element(void* data, DType dtype, std::int64_t index, double value) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  detail::store_from_double(v, index, value);
 }
 
 std::string device_name(Device device) {
@@ -88,14 +104,20 @@ TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<st
 }
 
 std::int64_t TensorView::numel() const {
-  if (rank == 0) return 0;
+  if (rank <= 0 || rank > kMaxRank) return 0;
   std::int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i) {
+    if (__builtin_mul_overflow(n, shape[i], &n)) return std::numeric_limits<std::int64_t>::max();
+  }
   return n;
 }
 
 std::string TensorView::describe() const {
   std::ostringstream os;
+  if (rank < 0 || rank > kMaxRank) {
+    os << dtype_name(dtype) << " view of invalid rank " << rank << " on " << device_name(device);
+    return os.str();
+  }
   os << dtype_name(dtype) << "[";
   for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << shape[i];
   os << "] strides [";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +34,20 @@ void check_view(const std::string& name, const TensorView& t, int rank) {
                      " in dimension " + std::to_string(d) + " (" + shape_str(t) + ")");
     }
   }
+  std::int64_t count = 1, reach = 0;
+  for (int d = 0; d < rank; ++d) {
+    std::int64_t span = 0;
+    if (__builtin_mul_overflow(count, t.shape[d], &count) ||
+        (t.shape[d] > 0 && (__builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &span) ||
+                            span == std::numeric_limits<std::int64_t>::min() ||
+                            __builtin_add_overflow(reach, span < 0 ? -span : span, &reach)))) {
+      fail(name, "sizes and strides overflow 64-bit offsets (" + shape_str(t) + ")");
+    }
+  }
+  // Byte offsets (8 bytes at most per element, and one past the end) stay in range too.
+  if (reach > std::numeric_limits<std::int64_t>::max() / 16) {
+    fail(name, "sizes and strides overflow 64-bit offsets (" + shape_str(t) + ")");
+  }
   if (t.data == nullptr && t.numel() != 0) {
     fail(name, "data pointer is null but the view has " + std::to_string(t.numel()) +
                    " elements (" + shape_str(t) + ")");
@@ -40,6 +55,17 @@ void check_view(const std::string& name, const TensorView& t, int rank) {
   if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1) {
     fail(name, "expected a contiguous last dimension (stride 1), got stride " +
                    std::to_string(t.stride[rank - 1]) + " (" + shape_str(t) + ")");
+  }
+  if (t.device.type != DeviceType::cpu && t.device.type != DeviceType::cuda) {
+    fail(name, "expected a cpu or cuda device, got device type " +
+                   std::to_string(static_cast<int>(t.device.type)));
+  }
+  const std::size_t elem = dtype_size(t.dtype);
+  if (elem != 0 && reinterpret_cast<std::uintptr_t>(t.data) % elem != 0) {
+    fail(name, "expected a data pointer aligned to its element size (" + std::to_string(elem) +
+                   " bytes for " + dtype_name(t.dtype) + "), got an address " +
+                   std::to_string(reinterpret_cast<std::uintptr_t>(t.data) % elem) +
+                   " bytes past a multiple");
   }
   if (t.device.type == DeviceType::cuda && t.device.index < 0) {
     fail(name, "expected a CUDA ordinal >= 0, got " + std::to_string(t.device.index));
@@ -117,6 +143,25 @@ void check_no_alias(const std::vector<Named>& outputs, const std::vector<Named>&
                                   "`; outputs must not alias each other");
       }
     }
+  }
+}
+
+// An output whose elements share memory would be written twice in an order no backend defines.
+// Sufficient for distinct elements (and what every dense or padded layout satisfies): taken by
+// increasing |stride|, each dimension steps past everything the smaller ones reach.
+void check_no_self_overlap(const char* name, const TensorView& t) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (|stride|, size) with size > 1
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] > 1) dims.emplace_back(t.stride[d] < 0 ? -t.stride[d] : t.stride[d], t.shape[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t reach = 0;  // the largest offset the smaller dimensions add (check_view bounds it)
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) {
+      fail(name, "output elements overlap in memory (" + shape_str(t) +
+                     "); each element of an output needs its own memory");
+    }
+    reach += (size - 1) * stride;
   }
 }
 
@@ -264,6 +309,8 @@ Problem validate_forward(const AttentionArgs& args, const TensorView& out, const
                       shape_str(lse));
     }
   }
+  check_no_self_overlap("out", out);
+  check_no_self_overlap("lse", lse);
   std::vector<Named> inputs = {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}};
   if (args.bias) inputs.push_back({"bias", &*args.bias});
   check_no_alias({{"out", &out}, {"lse", &lse}}, inputs);
@@ -298,6 +345,7 @@ Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
     for (int d = 0; d < 4; ++d) check_dim("dbias", db, d, args.bias->shape[d], "(the shape of bias)");
     outputs.push_back({"dbias", &*g.dbias});
   }
+  for (const Named& o : outputs) check_no_self_overlap(o.name, *o.view);
   std::vector<Named> inputs = {{"q", &args.q},     {"k", &args.k},     {"v", &args.v},
                                {"out", &g.out},    {"lse", &g.lse},    {"dout", &g.dout}};
   if (args.bias) inputs.push_back({"bias", &*args.bias});

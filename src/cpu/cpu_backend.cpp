@@ -40,8 +40,18 @@ constexpr std::size_t kAlign = 64;
 
 std::int64_t round_up(std::int64_t x, std::int64_t q) { return (x + q - 1) / q * q; }
 
+// Writes 0 to every element of a rank-4 view.
+void zero_view(const TensorView& t) {
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t h = 0; h < t.shape[1]; ++h)
+      for (std::int64_t i = 0; i < t.shape[2]; ++i)
+        for (std::int64_t j = 0; j < t.shape[3]; ++j)
+          store_from_double(t, t.offset(b, h, i, j), 0.0);
+}
+
 // Converts n elements of a row (contiguous) to fp32.
 void load_row(const TensorView& t, std::int64_t offset, std::int64_t n, float* dst) {
+  if (n == 0) return;  // Dv = 0: the view may be null
   switch (t.dtype) {
     case DType::f32:
       std::memcpy(dst, static_cast<const float*>(t.data) + offset, n * sizeof(float));
@@ -66,6 +76,7 @@ void load_row(const TensorView& t, std::int64_t offset, std::int64_t n, float* d
 
 void store_row(const TensorView& t, std::int64_t offset, std::int64_t n, const float* src,
                float factor) {
+  if (n == 0) return;  // Dv = 0: the view may be null
   switch (t.dtype) {
     case DType::f32: {
       float* dst = static_cast<float*>(t.data) + offset;
@@ -231,6 +242,7 @@ class CpuBackend final : public Backend {
   }
 
   std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
+    if (pb.B == 0) return 0;  // every tensor is empty: nothing to do (sizes may be huge)
     const Dims d(pb);
     const auto threads = static_cast<std::size_t>(max_threads());
     if (pass == Pass::forward) return kAlign + threads * forward_thread_bytes(d);
@@ -267,6 +279,7 @@ class CpuBackend final : public Backend {
 
 void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
                          const TensorView& lse, const Options& options) {
+  if (pb.B == 0) return;  // every tensor is empty
   const CpuKernels& kern = cpu_kernels();
   const Dims d(pb);
   const std::size_t per_thread = forward_thread_bytes(d);
@@ -365,6 +378,10 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
 
 void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
                           const Options& options) {
+  if (pb.B == 0) {  // every tensor is empty but a bias broadcast over B: its gradient is 0
+    if (g.dbias) zero_view(*g.dbias);
+    return;
+  }
   const CpuKernels& kern = cpu_kernels();
   const Dims d(pb);
   const std::size_t tile_bytes = backward_thread_tile_bytes(d);
@@ -391,7 +408,8 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
 
   // dbias accumulates in fp32: in dbias itself when it is fp32, in a shadow when it is 16-bit and
   // broadcast, and is written directly (one contribution per element) otherwise.
-  const TensorView* dbias = g.dbias ? &*g.dbias : nullptr;
+  // An empty dbias (Lk = 0, and then possibly a null pointer) has nothing to write.
+  const TensorView* dbias = g.dbias && g.dbias->numel() > 0 ? &*g.dbias : nullptr;
   float* shadow = nullptr;
   std::int64_t sh_stride[4] = {0, 0, 0, 0};
   if (dbias) {
@@ -410,12 +428,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
       sh_stride[0] = db.shape[1] * sh_stride[1];
       std::fill_n(shadow, db.numel(), 0.0f);
     } else {
-      // Rows no query block reaches (causal) still need zeros.
-      for (std::int64_t b = 0; b < db.shape[0]; ++b)
-        for (std::int64_t h = 0; h < db.shape[1]; ++h)
-          for (std::int64_t i = 0; i < db.shape[2]; ++i)
-            for (std::int64_t j = 0; j < db.shape[3]; ++j)
-              store_from_double(db, db.offset(b, h, i, j), 0.0);
+      zero_view(db);  // rows no query block reaches (causal) still need zeros
     }
   }
 
@@ -578,3 +591,9 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
 std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
 
 }  // namespace memeff::detail
+
+namespace memeff {
+
+const char* cpu_kernel_isa() { return detail::cpu_kernels().name; }
+
+}  // namespace memeff

@@ -76,7 +76,10 @@ class ReferenceBackend final : public Backend {
       return ((bb * db.shape[1] + hh) * db.shape[2] + ii) * db.shape[3] + j;
     };
 
-    std::vector<double> dp(static_cast<std::size_t>(pb.Lk)), dq_row(static_cast<std::size_t>(pb.D));
+    // Row scratch only when there are rows: Lq = 0 with a huge Lk allocates nothing.
+    const bool has_rows = pb.B * pb.Hq * pb.Lq > 0;
+    std::vector<double> dp(has_rows ? static_cast<std::size_t>(pb.Lk) : 0),
+        dq_row(has_rows ? static_cast<std::size_t>(pb.D) : 0);
     for (std::int64_t b = 0; b < pb.B; ++b) {
       for (std::int64_t h = 0; h < pb.Hq; ++h) {
         const std::int64_t kvh = h / pb.group_size();
@@ -117,7 +120,9 @@ class ReferenceBackend final : public Backend {
         }
       }
     }
-    for (std::int64_t b = 0; b < pb.B; ++b) {
+    // dk and dv have no elements when D = Dv = 0, however large Lk is (a legal 2^33, say).
+    const std::int64_t kv_batches = pb.D + pb.Dv > 0 ? pb.B : 0;
+    for (std::int64_t b = 0; b < kv_batches; ++b) {
       for (std::int64_t kvh = 0; kvh < pb.Hkv; ++kvh) {
         for (std::int64_t j = 0; j < pb.Lk; ++j) {
           for (std::int64_t e = 0; e < pb.D; ++e) {

@@ -134,4 +134,46 @@ std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapabili
   return reasons;
 }
 
+double CudaBackendBase::time_ms(const Problem& problem, const Options& options,
+                                const std::function<void()>& run) {
+  DeviceScope device(problem.device.index);
+  const auto stream = static_cast<cudaStream_t>(options.stream);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate while autotuning");
+  const cudaError_t created = cudaEventCreate(&stop);
+  if (created != cudaSuccess) cudaEventDestroy(start);
+  check(created, "cudaEventCreate while autotuning");
+  struct Events {
+    cudaEvent_t a, b;
+    ~Events() {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  } events{start, stop};
+  check(cudaEventRecord(start, stream), "cudaEventRecord while autotuning");
+  run();
+  check(cudaEventRecord(stop, stream), "cudaEventRecord while autotuning");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize while autotuning");
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime while autotuning");
+  return static_cast<double>(ms);
+}
+
+std::string CudaBackendBase::device_label(Device device) const {
+  if (device.type != DeviceType::cuda) return Backend::device_label(device);
+  static std::mutex mutex;
+  static std::map<int, std::string> labels;
+  std::lock_guard lock(mutex);
+  if (auto it = labels.find(device.index); it != labels.end()) return it->second;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device.index) != cudaSuccess) {
+    cudaGetLastError();
+    return "cuda:" + std::to_string(device.index) + " (unknown GPU)";
+  }
+  std::string label =
+      std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  labels[device.index] = label;
+  return label;
+}
+
 }  // namespace memeff::detail

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,16 @@ std::string join(const std::vector<std::string>& reasons);
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute
 // capability in `cc` (cc.ok false: its error is already among the reasons).
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc);
+
+// The base of the CUDA backends: autotuning times a candidate with CUDA events recorded on
+// options.stream around it (on problem.device), and names the device by its GPU and compute
+// capability ("NVIDIA H200 sm_90") so that a tuned winner is never reused on other hardware.
+class CudaBackendBase : public Backend {
+ public:
+  DeviceType device_type() const override { return DeviceType::cuda; }
+  double time_ms(const Problem& problem, const Options& options,
+                 const std::function<void()>& run) override;
+  std::string device_label(Device device) const override;
+};
 
 }  // namespace memeff::detail

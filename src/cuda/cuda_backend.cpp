@@ -49,10 +49,9 @@ void fill_view(const TensorView& t, float value, cudaStream_t stream) {
   cuda::fill_strided(t.data, fill_kind(t.dtype), shape, stride, value, stream);
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda"; }
-  DeviceType device_type() const override { return DeviceType::cuda; }
 
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
     ComputeCapability cc;

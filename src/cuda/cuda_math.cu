@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/builtin_backends.h"
+#include "cuda/backend_util.h"
 #include "core/dropout_map.h"
 #include "memeff/backend.h"
 #include "memeff/error.h"
@@ -442,10 +443,9 @@ RowParams row_params(const Problem& pb, const AttentionArgs& args, const TensorV
   return p;
 }
 
-class CudaMathBackend final : public Backend {
+class CudaMathBackend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda_math"; }
-  DeviceType device_type() const override { return DeviceType::cuda; }
 
   std::vector<std::string> reasons_unsupported(const Problem& p, Pass pass) const override {
     std::vector<std::string> reasons;

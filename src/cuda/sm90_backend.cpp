@@ -20,10 +20,9 @@
 namespace memeff::detail {
 namespace {
 
-class CudaSm90Backend final : public Backend {
+class CudaSm90Backend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda_sm90"; }
-  DeviceType device_type() const override { return DeviceType::cuda; }
 
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
     ComputeCapability cc;

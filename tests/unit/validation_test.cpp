@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "common/host_tensor.h"
@@ -266,6 +267,70 @@ TEST(Validation, ReportsWhetherViewsAllowSixteenByteVectors) {
   a.q = q7.view;
   EXPECT_TRUE(validate_forward(a, out_ok.view, lse7.view).vector_aligned);
   EXPECT_FALSE(validate_forward(a, shifted, lse7.view).vector_aligned);
+}
+
+// Found by tests/fuzz: a rank beyond TensorView::kMaxRank made the message itself read past the
+// shape array; the error names the argument and the rank instead.
+TEST(Validation, RankBeyondTheMaximumIsNamedWithoutReadingPastTheShape) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.k.rank = 9;
+  expect_error([&] { validate_inputs(a); }, ErrorCode::invalid_argument,
+               {"argument `k`", "expected rank 4", "invalid rank 9"});
+  a.k.rank = -3;
+  expect_error([&] { validate_inputs(a); }, ErrorCode::invalid_argument,
+               {"argument `k`", "invalid rank -3"});
+  EXPECT_EQ(a.k.numel(), 0);
+}
+
+// Found by tests/fuzz: sizes or strides whose offsets overflow int64 (signed overflow in the
+// element count and the aliasing extents).
+TEST(Validation, OffsetsThatOverflowAreRefused) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.q.shape = {std::int64_t{1} << 40, std::int64_t{1} << 40, 8, 16};
+  expect_error([&] { validate_inputs(a); }, ErrorCode::invalid_argument,
+               {"argument `q`", "overflow 64-bit offsets"});
+  a = c.args();
+  a.v.stride[1] = std::numeric_limits<std::int64_t>::max() / 3;
+  expect_error([&] { validate_inputs(a); }, ErrorCode::invalid_argument,
+               {"argument `v`", "overflow 64-bit offsets"});
+  EXPECT_EQ((TensorView{nullptr, DType::f32, {}, 4, {std::int64_t{1} << 40, std::int64_t{1} << 40,
+                                                       1 << 20, 1}, {}}.numel()),
+            std::numeric_limits<std::int64_t>::max());
+}
+
+// Found by tests/fuzz (UBSan: misaligned float loads in the reference backend).
+TEST(Validation, DataNotAlignedToItsElementIsRefused) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.k.data = static_cast<char*>(a.k.data) + 2;
+  expect_error([&] { validate_inputs(a); }, ErrorCode::invalid_argument,
+               {"argument `k`", "aligned to its element size (4 bytes for fp32)"});
+}
+
+TEST(Validation, OutputsWhoseElementsOverlapAreRefused) {
+  Call c;
+  TensorView out = c.out.view;
+  out.stride[2] = 0;  // every query row writes the same memory
+  expect_error([&] { validate_forward(c.args(), out, c.lse.view); }, ErrorCode::invalid_argument,
+               {"argument `out`", "overlap in memory"});
+  TensorView lse = c.lse.view;
+  lse.stride[1] = 3;  // heads step less than a head's 8 rows
+  expect_error([&] { validate_forward(c.args(), c.out.view, lse); }, ErrorCode::invalid_argument,
+               {"argument `lse`", "overlap in memory"});
+  TensorView reversed = c.out.view;  // a negative stride is fine when elements stay distinct
+  reversed.data = static_cast<float*>(reversed.data) + 7 * reversed.stride[2];
+  reversed.stride[2] = -reversed.stride[2];
+  EXPECT_NO_THROW(validate_forward(c.args(), reversed, c.lse.view));
+}
+
+TEST(Validation, AnUnknownDeviceTypeIsRefused) {
+  Call c;
+  AttentionArgs a = c.args();
+  a.q.device.type = static_cast<DeviceType>(7);
+  expect_error([&] { validate_inputs(a); }, ErrorCode::invalid_argument,
+               {"argument `q`", "expected a cpu or cuda device"});
 }
 
 }  // namespace
