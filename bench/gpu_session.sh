@@ -7,6 +7,7 @@
 # Usage: bench/gpu_session.sh BUILD_DIR TORCH_SCRIPT   (logs and JSON rows go to $OUT)
 # SKIP_CPU=1 skips the CPU comparison; TORCH_BACKENDS (default "flash cudnn") picks the peers.
 set -uo pipefail
+# Every step has a time limit, so a hang costs that step and not the whole call.
 bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
 torch_script="${2:-}"
 out="${OUT:-/tmp/memeff-gpu-session}"
@@ -18,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
   tee "$out/device.txt"
 
 step "gpu tests"
-"$bin/tests/memeff_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
+timeout 120 "$bin/tests/memeff_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
 
 step "sm_90a code: HGMMA instructions per kernel, registers"
 if command -v cuobjdump >/dev/null; then
@@ -34,27 +35,27 @@ small+=":$fwd.AwkwardLengthsSquare/cuda_sm90:$fwd.BiasBroadcastEachWayBothDtypes
 small+=":CudaBackward.SeedAndOffsetFromDeviceMemory:CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
 for tool in memcheck racecheck synccheck; do
   step "compute-sanitizer $tool"
-  timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+  timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 \
     "$bin/tests/memeff_gpu_tests" --gtest_brief=1 --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
   echo "$tool exit $? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
 done
 
 step "memeff run (defaults)"
-"$bin/tools/memeff" run 2>&1 | tee "$out/run.log"
+timeout 60 "$bin/tools/memeff" run 2>&1 | tee "$out/run.log"
 
 shapes=(32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1
         1,16,16384,16384,128,1 8,32,2048,2048,128,0,8 8,16,2048,2048,96,0 4,16,2048,2048,256,0)
 step "memeff bench (default dispatch; anchor shapes, GQA, hd96, hd256; dropout 0 and 0.1)"
-"$bin/tools/memeff" bench --shapes "${shapes[@]}" --json "$out/memeff_bench.json" \
+timeout 200 "$bin/tools/memeff" bench --shapes "${shapes[@]}" --json "$out/memeff_bench.json" \
   2>"$out/bench_progress.log" | tee "$out/bench.log"
 step "memeff bench --backend cuda (the mma.sync kernels, baseline)"
-"$bin/tools/memeff" bench --backend cuda --shapes "${shapes[@]}" --json "$out/memeff_sm80.json" \
+timeout 200 "$bin/tools/memeff" bench --backend cuda --shapes "${shapes[@]}" --json "$out/memeff_sm80.json" \
   2>>"$out/bench_progress.log" | tee "$out/bench_sm80.log"
 
 if [ -n "$torch_script" ]; then
   step "PyTorch SDPA backends, same shapes"
   # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 python3 "$torch_script" --shapes "${shapes[@]}" \
+  PYTHONUNBUFFERED=1 timeout 300 python3 "$torch_script" --shapes "${shapes[@]}" \
     --backends ${TORCH_BACKENDS:-flash cudnn} --json "$out/torch.json" 2>&1 | tee "$out/torch.log"
 fi
 
@@ -68,7 +69,7 @@ step "autotune demonstration"
 export MEMEFF_CACHE_DIR="$out/tune-cache"
 printf '%s\n' '1,4,4,32,32,64,64,none,0.1,bf16' '16,16,16,64,64,64,64,top-left,0.1,bf16' \
   '1,8,8,2048,2048,128,128,top-left,0.1,fp32' > "$out/tune_shapes.txt"
-"$bin/tools/memeff" tune --device cuda --shapes "$out/tune_shapes.txt" 2>&1 | tee "$out/tune.log"
+timeout 90 "$bin/tools/memeff" tune --device cuda --shapes "$out/tune_shapes.txt" 2>&1 | tee "$out/tune.log"
 "$bin/tools/memeff" tune --show 2>&1 | tee -a "$out/tune.log"
 "$bin/tools/memeff" explain --device cuda --batch 1 --heads 4 --lq 32 --lk 32 --dtype bf16 2>&1 | tee -a "$out/tune.log"
 cpu_torch_script="$(dirname "$torch_script")/torch_sdpa_cpu.py"

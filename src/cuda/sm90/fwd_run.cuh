@@ -58,10 +58,16 @@ void launch_forward_kernel(const ForwardTmaParams& params, cudaStream_t stream) 
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
   const ForwardParams& p = params.p;
-  // Persistent: one CTA per SM (or per work item when there are fewer), each walking the work
-  // items (query block x batch·head; sm90_forward_unsupported bounds their count by 2^31 - 1).
+  // Work items: query block x batch·head (sm90_forward_unsupported bounds their count by 2^31 - 1).
+  // Without a causal mask every item costs the same, so a persistent grid (one CTA per SM, each
+  // walking items blockIdx.x + k·gridDim.x) stays in step: the next items' Q and K/V load under
+  // the current ones' tails and the resident CTAs keep sharing a few heads' K/V in L2. Under a
+  // causal mask the items' costs differ, and one CTA per item lets the hardware hand the next
+  // item to whichever SM frees up first (measured on the H200: the persistent grid lost 10-37% on
+  // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md).
   const long long items = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM * p.B * p.Hq;
-  const long long ctas = items < sm_count(device) ? items : sm_count(device);
+  const long long sms = sm_count(device);
+  const long long ctas = !p.causal && items > sms ? sms : items;
   kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(params);
   check_cuda(cudaGetLastError(), "attention_forward_sm90_kernel launch");
 }
