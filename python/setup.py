@@ -136,7 +136,8 @@ nvcc_flags = [
 arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
 if not arch_list:
     # The project's CMake default: Ampere and Hopper (sm_90a for the Hopper-only instructions).
-    nvcc_flags += ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
+    nvcc_flags += ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
+                   "-gencode=arch=compute_80,code=compute_80"]  # PTX for newer GPUs
 if not arch_list or "9.0a" in arch_list:
     # The cuda_sm90 backend's kernels were compiled for sm_90a (else they are stubs it refuses).
     nvcc_flags += ["-DMEMEFF_CUDA_SM90A=1"]

@@ -273,7 +273,7 @@ def use_backends(*names: str):
 
 
 def backend_names() -> List[str]:
-    """The backends compiled into this build ("reference", "cpu", "cuda", "cuda_math" ...)."""
+    """The backends compiled into this build ("reference", "cpu", "cuda_sm90", "cuda", ...)."""
     return list(_ops.backend_names())
 
 

@@ -38,9 +38,23 @@ ComputeCapability compute_capability(int device) {
   cudaDeviceProp prop{};
   const cudaError_t err = cudaGetDeviceProperties(&prop, device);
   if (err == cudaSuccess) {
-    cc.ok = true;
     cc.major = prop.major;
     cc.minor = prop.minor;
+    // A device newer than every target of the build runs it only through the PTX; a device
+    // older than compute_80 (or a build without PTX) has nothing to load.
+    int previous = 0;
+    cudaError_t image = cudaGetDevice(&previous);
+    if (image == cudaSuccess) image = cudaSetDevice(device);
+    if (image == cudaSuccess) image = cuda::probe_kernel_image();
+    cudaSetDevice(previous);
+    cc.ok = image == cudaSuccess;
+    if (!cc.ok) {
+      cudaGetLastError();
+      cc.error = "this build has no device code for " + std::string(prop.name) +
+                 " (compute capability " + std::to_string(prop.major) + "." +
+                 std::to_string(prop.minor) + "): " + cudaGetErrorString(image) +
+                 "; rebuild with CMAKE_CUDA_ARCHITECTURES (or TORCH_CUDA_ARCH_LIST) covering it";
+    }
   } else {
     cudaGetLastError();  // clear the (non-sticky) error so later launches are not blamed
     cc.error = std::string("cudaGetDeviceProperties(") + std::to_string(device) +

@@ -456,6 +456,9 @@ class CudaMathBackend final : public CudaBackendBase {
       reasons.push_back("a matrix dimension exceeds cuBLAS's 32-bit sizes");
     }
     if (!reasons.empty()) return reasons;
+    if (const ComputeCapability cc = compute_capability(p.device.index); !cc.ok) {
+      return {cc.error};
+    }
     const std::size_t need = workspace_bytes(p, pass);
     int previous = 0;
     std::size_t free_bytes = 0, total_bytes = 0;

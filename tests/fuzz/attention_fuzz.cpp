@@ -439,7 +439,16 @@ void run_one(FuzzedDataProvider& in) {
       expect_close("dq", cpu_grads.dq, grads.dq, tol);
       expect_close("dk", cpu_grads.dk, grads.dk, tol);
       expect_close("dv", cpu_grads.dv, grads.dv, tol);
-      if (grads.dbias) expect_close("dbias", *cpu_grads.dbias, *grads.dbias, tol);
+      if (grads.dbias) {
+        // A broadcast dbias element sums dS over the broadcast dims: its rounding error grows
+        // with the number of terms while cancellation can leave the exact value near 0 (one
+        // visible key gives dS = P·(Z - D) = 0 exactly, and the rounded O leaves a residue).
+        const TensorView& db = *grads.dbias;
+        const double terms = static_cast<double>(problem.B * problem.Hq * problem.Lq) /
+                             static_cast<double>(std::max<std::int64_t>(
+                                 1, db.shape[0] * db.shape[1] * db.shape[2]));
+        expect_close("dbias", *cpu_grads.dbias, db, tol * std::sqrt(std::max(terms, 1.0)));
+      }
     } else {
       forward(call, o, l, reference_only);
       if (!cpu_runs([&] { forward(cpu_call, cpu_o, cpu_l, cpu_only); })) return;

@@ -15,6 +15,18 @@
 #include "memeff/error.h"
 
 namespace memeff::cuda {
+
+namespace {
+// An empty kernel compiled with the same targets as every other kernel of the library.
+__global__ void kernel_image_probe() {}
+}  // namespace
+
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel_image_probe);
+  if (err != cudaSuccess) cudaGetLastError();  // not sticky; keep it from later calls
+  return err;
+}
 namespace {
 
 template <class T>

@@ -26,6 +26,10 @@ std::vector<std::string> sm90_forward_unsupported(const ForwardParams& params, i
                                                   int sm_minor);
 // Whether this build compiled the sm90 kernels for sm_90a (else they are stubs).
 bool sm90_kernels_built();
+// Whether this build's device code loads on the current device: cudaSuccess when one of its
+// kernel images (sm_80, sm_90a) or its PTX (compute_80, JIT-compiled by the driver) fits, else
+// the error (cudaErrorNoKernelImageForDevice for a device none of them covers).
+cudaError_t probe_kernel_image();
 
 // Backward: writes dq, dk, dv and dbias. `workspace` holds backward_workspace_bytes(params)
 // bytes (16-byte aligned); the launcher carves softmax_d, dq_accum and its other scratch from it.

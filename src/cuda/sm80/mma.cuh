@@ -42,16 +42,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(smem_row)));
 }
-__device__ __forceinline__ void ldmatrix_x2(std::uint32_t (&r)[2], const void* smem_row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr(smem_row)));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(std::uint32_t (&r)[2], const void* smem_row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr(smem_row)));
-}
 
 // D = A·B + C for one m16n8k16 tile, fp32 accumulate in place.
 template <class T>
