@@ -6,15 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff::detail {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
+void check(cudaError_t err, const char* what) { cuda::check_cuda(err, what); }
 
 DeviceScope::DeviceScope(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");

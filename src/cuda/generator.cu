@@ -6,16 +6,14 @@
 #include <string>
 
 #include "memeff/cuda_generator.h"
+#include "cuda/backend_util.h"
+#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff {
 namespace {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
+using cuda::check_cuda;
 
 __global__ void draw_kernel(std::uint64_t seed, std::uint64_t* counter, std::uint64_t* state) {
   state[0] = seed;
@@ -23,15 +21,7 @@ __global__ void draw_kernel(std::uint64_t seed, std::uint64_t* counter, std::uin
   *counter += 1;
 }
 
-// Restores the caller's current device when it leaves scope.
-struct DeviceGuard {
-  int previous = 0;
-  explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous), "cudaGetDevice");
-    if (previous != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous); }
-};
+using detail::DeviceScope;
 
 }  // namespace
 
@@ -41,8 +31,8 @@ CudaGenerator::CudaGenerator(std::uint64_t seed, int device, std::uint64_t offse
     throw Error(ErrorCode::invalid_argument,
                 "argument `device`: expected a CUDA ordinal >= 0, got " + std::to_string(device));
   }
-  DeviceGuard guard(device);
-  check(cudaMalloc(&counter_, sizeof(std::uint64_t)), "cudaMalloc(generator counter)");
+  DeviceScope guard(device);
+  check_cuda(cudaMalloc(&counter_, sizeof(std::uint64_t)), "cudaMalloc(generator counter)");
   try {
     set_offset(offset);
   } catch (...) {
@@ -65,9 +55,9 @@ RngState CudaGenerator::draw(void* stream, std::uint64_t* state) {
   if (state == nullptr) {
     throw Error(ErrorCode::invalid_argument, "argument `state`: expected two device words, got null");
   }
-  DeviceGuard guard(device_);
+  DeviceScope guard(device_);
   draw_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(seed_, counter_, state);
-  check(cudaGetLastError(), "CudaGenerator::draw kernel launch");
+  check_cuda(cudaGetLastError(), "CudaGenerator::draw kernel launch");
   RngState rng;
   rng.seed = seed_;
   rng.offset = 0;
@@ -77,16 +67,16 @@ RngState CudaGenerator::draw(void* stream, std::uint64_t* state) {
 }
 
 std::uint64_t CudaGenerator::offset() const {
-  DeviceGuard guard(device_);
+  DeviceScope guard(device_);
   std::uint64_t value = 0;
-  check(cudaMemcpy(&value, counter_, sizeof(value), cudaMemcpyDeviceToHost),
+  check_cuda(cudaMemcpy(&value, counter_, sizeof(value), cudaMemcpyDeviceToHost),
         "cudaMemcpy(generator counter -> host)");
   return value;
 }
 
 void CudaGenerator::set_offset(std::uint64_t offset) {
-  DeviceGuard guard(device_);
-  check(cudaMemcpy(counter_, &offset, sizeof(offset), cudaMemcpyHostToDevice),
+  DeviceScope guard(device_);
+  check_cuda(cudaMemcpy(counter_, &offset, sizeof(offset), cudaMemcpyHostToDevice),
         "cudaMemcpy(host -> generator counter)");
 }
 

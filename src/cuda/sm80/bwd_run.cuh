@@ -14,6 +14,7 @@
 
 #include "cuda/sm80/bwd_dispatch.cuh"
 #include "cuda/sm80/bwd_kernel.cuh"
+#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
@@ -42,12 +43,6 @@ struct BwdConfig<256> {
   using Traits = BwdTraits<256, 64, 16, 1>;
 };
 
-inline void bwd_check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
-
 inline unsigned bwd_grid_1d(std::int64_t work, int per_block) {
   const std::int64_t blocks = (work + per_block - 1) / per_block;
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65535));
@@ -68,22 +63,22 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
   bwd_preprocess_kernel<T><<<bwd_grid_1d(rows, 8), 256, 0, stream>>>(
       p, extra.dbias_accum, ws.dbias_accum_elems);
-  bwd_check(cudaGetLastError(), "bwd_preprocess_kernel launch");
+  check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
   const std::int64_t dbias_elems =
       static_cast<std::int64_t>(p.dbias_shape[0]) * p.dbias_shape[1] * p.dbias_shape[2] * p.Lk;
   if (ws.dbias_mode == 1) {  // causal-skipped tiles are never visited: start from zeros
     bwd_convert_dbias_kernel<T><<<bwd_grid_1d(dbias_elems, 256), 256, 0, stream>>>(p, nullptr);
-    bwd_check(cudaGetLastError(), "bwd_convert_dbias_kernel (zero) launch");
+    check_cuda(cudaGetLastError(), "bwd_convert_dbias_kernel (zero) launch");
   }
 
   // 2. main kernel.
   auto kernel = attention_backward_kernel<T, Tr>;
   static std::atomic<unsigned long long> opted_in{0};
   int device = 0;
-  bwd_check(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   const unsigned long long bit = 1ull << (device & 63);
   if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    bwd_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    Tr::kSmemBytes),
               "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
@@ -92,7 +87,7 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   const int heads = p.B * p.Hkv;
   if (!p.deterministic) {
     kernel<<<dim3(key_blocks, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
-    bwd_check(cudaGetLastError(), "attention_backward_kernel launch");
+    check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
   } else {
     // One launch per key block: each dq_accum element then receives one atomic per launch, in
     // key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also
@@ -105,12 +100,12 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
       if (!dbias_cross_cta) {
         extra.head_base = 0;
         kernel<<<dim3(1, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
-        bwd_check(cudaGetLastError(), "attention_backward_kernel launch");
+        check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
       } else {
         for (int y = 0; y < heads; ++y) {
           extra.head_base = y;
           kernel<<<dim3(1, 1), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
-          bwd_check(cudaGetLastError(), "attention_backward_kernel launch");
+          check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
         }
       }
     }
@@ -118,11 +113,11 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
 
   // 3. dq (and a reduced dbias) in the output dtype.
   bwd_convert_dq_kernel<T><<<bwd_grid_1d(rows * (p.D / 2), 256), 256, 0, stream>>>(p);
-  bwd_check(cudaGetLastError(), "bwd_convert_dq_kernel launch");
+  check_cuda(cudaGetLastError(), "bwd_convert_dq_kernel launch");
   if (ws.dbias_mode == 2) {
     bwd_convert_dbias_kernel<T><<<bwd_grid_1d(dbias_elems, 256), 256, 0, stream>>>(
         p, extra.dbias_accum);
-    bwd_check(cudaGetLastError(), "bwd_convert_dbias_kernel launch");
+    check_cuda(cudaGetLastError(), "bwd_convert_dbias_kernel launch");
   }
 }
 

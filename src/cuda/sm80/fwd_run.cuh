@@ -10,6 +10,7 @@
 
 #include "cuda/sm80/fwd_dispatch.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
+#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
@@ -34,12 +35,6 @@ template <>
 struct FwdConfig<256> {
   using Traits = FwdTraits<256, 128, 8, 1>;
 };
-
-inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
 
 template <class T, class Tr, bool kDropout>
 void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {

@@ -10,15 +10,12 @@
 
 #include "cuda/sm90/fwd_dispatch.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda::sm90 {
 
-inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
+using cuda::check_cuda;
 
 // Multiprocessors of a device, asked once per device.
 inline int sm_count(int device) {
