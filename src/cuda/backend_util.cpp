@@ -44,7 +44,10 @@ ComputeCapability compute_capability(int device) {
     if (image == cudaSuccess) image = cudaSetDevice(device);
     if (image == cudaSuccess) image = cuda::probe_kernel_image();
     cudaSetDevice(previous);
-    cc.ok = image == cudaSuccess;
+    // Only "nothing to load" refuses; another failure of the probe leaves the decision to the
+    // kernels' own launch checks.
+    cc.ok = image != cudaErrorNoKernelImageForDevice && image != cudaErrorInvalidDeviceFunction &&
+            image != cudaErrorUnsupportedPtxVersion && image != cudaErrorInvalidPtx;
     if (!cc.ok) {
       cudaGetLastError();
       cc.error = "this build has no device code for " + std::string(prop.name) +
