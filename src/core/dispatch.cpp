@@ -1,63 +1,29 @@
-// The backend registry and the dispatcher behind forward, backward, workspace_size and explain.
-// All four go through decide(): resolve the order, collect every backend's reasons, choose (first
-// eligible, or the autotuned winner), so what explain() says is exactly what a call does.
+// The dispatcher behind forward, backward, workspace_size and explain (the registry is in
+// registry.cpp, the texts it produces in dispatch_report.cpp). All four go through decide():
+// resolve the order, collect every backend's reasons, choose (first eligible, or the autotuned
+// winner), so what explain() says is exactly what a call does.
 #include "core/dispatch_decision.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
-#include <iomanip>
-#include <iostream>
-#include <mutex>
-#include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
-#include "core/builtin_backends.h"
-#include "core/json_text.h"
 #include "memeff/error.h"
 
 namespace memeff {
 namespace {
 
-using detail::Json;
-
-struct Registry {
-  std::mutex mutex;
-  std::vector<std::shared_ptr<Backend>> backends;
-
-  static Registry& get() {
-    static Registry* registry = [] {
-      auto* r = new Registry;
-      r->backends = detail::builtin_backends();
-      return r;
-    }();
-    return *registry;
-  }
-};
-
-std::vector<std::shared_ptr<Backend>> registry_snapshot() {
-  Registry& r = Registry::get();
-  std::lock_guard lock(r.mutex);
-  return r.backends;
-}
+using detail::device_type_name;
+using detail::format_ms;
+using detail::join;
+using detail::log_decision;
+using detail::registry_snapshot;
+using detail::throw_unsupported;
 
 // The ScopedBackends of this thread, outermost first.
 thread_local std::vector<std::vector<std::string>> t_guard_stack;
-
-const char* pass_name(Pass pass) { return pass == Pass::forward ? "forward" : "backward"; }
-const char* device_type_name(DeviceType t) { return t == DeviceType::cuda ? "cuda" : "cpu"; }
-
-std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
-  return out;
-}
-
-std::string format_ms(double ms) {
-  std::ostringstream os;
-  os << std::setprecision(3) << ms << " ms";
-  return os.str();
-}
 
 // MEMEFF_BACKENDS as a list of registered names; empty when unset or blank. A name that is not
 // registered is an error naming the variable (a typo must not silently change the order).
@@ -98,97 +64,7 @@ std::vector<std::string> reasons_for(const Backend& backend, const Problem& prob
   }
 }
 
-Json problem_json(const Problem& p) {
-  return {{"dtype", dtype_name(p.dtype)},
-          {"device", device_name(p.device)},
-          {"B", p.B},
-          {"Hq", p.Hq},
-          {"Hkv", p.Hkv},
-          {"Lq", p.Lq},
-          {"Lk", p.Lk},
-          {"D", p.D},
-          {"Dv", p.Dv},
-          {"causal", causal_mode_name(p.causal)},
-          {"bias", p.bias_pattern()},
-          {"dropout_p", p.dropout_p},
-          {"scale", p.scale}};
-}
-
-bool log_dispatch_enabled() {
-  const char* v = std::getenv("MEMEFF_LOG_DISPATCH");
-  return v && *v && std::string(v) != "0";
-}
-
-// One stderr line per distinct (pass, shape, order, choice).
-void log_decision(const Explanation& ex) {
-  if (!log_dispatch_enabled()) return;
-  static std::mutex mutex;
-  static std::set<std::string> seen;
-  const std::string key = std::string(pass_name(ex.pass)) + "|" + ex.problem.describe() + "|" +
-                          join(ex.order, ",") + "|" + ex.order_source + "|" + ex.chosen;
-  {
-    std::lock_guard lock(mutex);
-    if (!seen.insert(key).second) return;
-  }
-  std::ostringstream os;
-  os << "memeff: dispatch " << pass_name(ex.pass) << " " << ex.problem.describe() << " -> "
-     << ex.chosen << " (" << ex.reason << ")";
-  for (const BackendReport& r : ex.backends) {
-    if (!r.eligible) os << "; " << r.name << ": " << join(r.reasons, "; ");
-  }
-  std::cerr << os.str() << std::endl;
-}
-
-[[noreturn]] void throw_unsupported(const Explanation& ex) {
-  std::ostringstream os;
-  os << "no backend can run this " << pass_name(ex.pass) << " (" << ex.problem.describe()
-     << "); order walked (" << ex.order_source << "): " << join(ex.order)
-     << "; every backend and why not:";
-  for (const BackendReport& r : ex.backends)
-    os << "\n  " << r.name << ": " << join(r.reasons, "; ");
-  throw Error(ErrorCode::unsupported, os.str());
-}
-
 }  // namespace
-
-void register_backend(std::shared_ptr<Backend> backend) {
-  if (!backend) throw Error(ErrorCode::invalid_argument, "argument `backend`: null");
-  Registry& r = Registry::get();
-  std::lock_guard lock(r.mutex);
-  const std::string name = backend->name();
-  auto it = std::find_if(r.backends.begin(), r.backends.end(),
-                         [&](const auto& b) { return b->name() == name; });
-  if (it != r.backends.end()) {
-    *it = std::move(backend);
-  } else {
-    r.backends.push_back(std::move(backend));
-  }
-}
-
-bool unregister_backend(const std::string& name) {
-  Registry& r = Registry::get();
-  std::lock_guard lock(r.mutex);
-  auto it = std::find_if(r.backends.begin(), r.backends.end(),
-                         [&](const auto& b) { return b->name() == name; });
-  if (it == r.backends.end()) return false;
-  r.backends.erase(it);
-  return true;
-}
-
-std::shared_ptr<Backend> find_backend(const std::string& name) {
-  Registry& r = Registry::get();
-  std::lock_guard lock(r.mutex);
-  for (const auto& b : r.backends) {
-    if (b->name() == name) return b;
-  }
-  return nullptr;
-}
-
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (const auto& b : registry_snapshot()) names.push_back(b->name());
-  return names;
-}
 
 ScopedBackends::ScopedBackends(std::vector<std::string> order) {
   if (order.empty()) {
@@ -368,54 +244,6 @@ Choice choose_backend(const Problem& problem, Pass pass, const Options& options)
 }
 
 }  // namespace detail
-
-std::string Explanation::to_string() const {
-  std::ostringstream os;
-  os << "memeff dispatch for " << pass_name(pass) << ": " << problem.describe() << "\n";
-  os << "order (" << order_source << "): " << join(order) << "\n";
-  std::size_t width = 0;
-  for (const BackendReport& r : backends) width = std::max(width, r.name.size());
-  for (const BackendReport& r : backends) {
-    os << "  " << std::left << std::setw(static_cast<int>(width)) << r.name << "  ";
-    if (r.eligible) {
-      os << "eligible";
-    } else {
-      os << "not eligible: " << join(r.reasons, "; ");
-    }
-    os << "\n";
-  }
-  if (autotune) os << "autotune: on, key " << key << "\n";
-  for (const CandidateTime& t : timings)
-    os << "  timed " << t.backend << ": " << format_ms(t.ms) << "\n";
-  if (chosen.empty()) {
-    os << "chosen: none (no backend qualifies)\n";
-  } else {
-    os << "chosen: " << chosen << " (" << reason << ")\n";
-  }
-  return os.str();
-}
-
-std::string Explanation::to_json() const {
-  Json list = Json::array();
-  for (const BackendReport& r : backends) {
-    list.push_back(Json::object({{"name", r.name}, {"eligible", r.eligible}, {"reasons", r.reasons}}));
-  }
-  Json times = Json::array();
-  for (const CandidateTime& t : timings) {
-    times.push_back(Json::object({{"backend", t.backend}, {"ms", t.ms}}));
-  }
-  Json v = {{"pass", pass_name(pass)},
-            {"problem", problem_json(problem)},
-            {"order", order},
-            {"order_source", order_source},
-            {"backends", std::move(list)},
-            {"chosen", chosen.empty() ? Json() : Json(chosen)},
-            {"reason", reason},
-            {"autotune", autotune},
-            {"timings", std::move(times)}};
-  if (!key.empty()) v["key"] = key;
-  return detail::json_text(v);
-}
 
 Explanation explain(const AttentionArgs& args, Pass pass, const Options& options) {
   const Problem problem = validate_inputs(args);

@@ -15,6 +15,19 @@
 
 namespace memeff::detail {
 
+// A copy of the registered backends, the built-ins first (src/core/registry.cpp).
+std::vector<std::shared_ptr<Backend>> registry_snapshot();
+
+// The dispatcher's words (src/core/dispatch_report.cpp).
+const char* pass_name(Pass pass);
+const char* device_type_name(DeviceType t);
+std::string join(const std::vector<std::string>& items, const char* sep = ", ");
+std::string format_ms(double ms);
+// One stderr line per distinct decision when MEMEFF_LOG_DISPATCH is set (and not 0).
+void log_decision(const Explanation& ex);
+// ErrorCode::unsupported listing the order walked and every backend with its reasons.
+[[noreturn]] void throw_unsupported(const Explanation& ex);
+
 // The per-device default order and why it is what it is (one sentence).
 struct HeuristicOrder {
   std::vector<std::string> order;
