@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_case.h"
 #include "common/host_tensor.h"
 #include "cuda/device_tensor.h"
 #include "cuda/launch/launch.h"
@@ -193,12 +194,8 @@ bool within(const test::Diff& d, DType dtype) {
 }
 
 void expect_close(const Case& c, const char* name, const HostTensor& actual, const HostTensor& ref) {
-  const test::Diff d = test::compare(actual, ref);
-  EXPECT_FALSE(d.nan) << c.describe() << ": NaN or non-finite mismatch in " << name << " at "
-                      << d.where(actual);
-  EXPECT_LE(d.max_abs, 1e-5 + rel_tolerance(c.dtype) * d.max_ref)
-      << c.describe() << ": " << name << " differs by " << d.max_abs << " (max |ref| "
-      << d.max_ref << ") at " << d.where(actual);
+  test::expect_close(actual, ref, test::Tolerance{1e-5, rel_tolerance(c.dtype)},
+                     c.describe() + ": " + name);
 }
 
 void check_case(const Case& c, std::uint64_t data_seed = 11) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_case.h"
 #include "common/host_tensor.h"
 #include "cuda/device_tensor.h"
 #include "common/tolerance.h"
@@ -53,14 +54,7 @@ struct Case {
   }
 };
 
-void expect_close(const HostTensor& actual, const HostTensor& expected, test::Tolerance tol,
-                  const std::string& what) {
-  const test::Diff d = test::compare(actual, expected);
-  EXPECT_FALSE(d.nan) << what << ": NaN or non-finite mismatch at " << d.where(expected);
-  EXPECT_LE(d.max_abs, tol.bound(d.max_ref))
-      << what << ": max |diff| " << d.max_abs << " at " << d.where(expected) << " (max |ref| "
-      << d.max_ref << ")";
-}
+using test::expect_close;
 
 void check_case(const Case& c, std::uint64_t seed) {
   SCOPED_TRACE(c.name());
