@@ -37,6 +37,8 @@ ComputeCapability compute_capability(int device) {
   if (err == cudaSuccess) {
     cc.major = prop.major;
     cc.minor = prop.minor;
+    cc.multiprocessors = prop.multiProcessorCount;
+    cc.name = prop.name;
     // A device newer than every target of the build runs it only through the PTX; a device
     // older than compute_80 (or a build without PTX) has nothing to load.
     int previous = 0;
@@ -116,12 +118,6 @@ void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const Te
   p.offset_ptr = args.rng.device_offset;
 }
 
-std::string join(const std::vector<std::string>& reasons) {
-  std::string s;
-  for (const std::string& r : reasons) s += (s.empty() ? "" : "; ") + r;
-  return s;
-}
-
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc) {
   std::vector<std::string> reasons;
   if (pb.device.type != DeviceType::cuda) {
@@ -175,19 +171,9 @@ double CudaBackendBase::time_ms(const Problem& problem, const Options& options,
 
 std::string CudaBackendBase::device_label(Device device) const {
   if (device.type != DeviceType::cuda) return Backend::device_label(device);
-  static std::mutex mutex;
-  static std::map<int, std::string> labels;
-  std::lock_guard lock(mutex);
-  if (auto it = labels.find(device.index); it != labels.end()) return it->second;
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device.index) != cudaSuccess) {
-    cudaGetLastError();
-    return "cuda:" + std::to_string(device.index) + " (unknown GPU)";
-  }
-  std::string label =
-      std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
-  labels[device.index] = label;
-  return label;
+  const ComputeCapability cc = compute_capability(device.index);
+  if (cc.name.empty()) return "cuda:" + std::to_string(device.index) + " (unknown GPU)";
+  return cc.name + " sm_" + std::to_string(cc.major) + std::to_string(cc.minor);
 }
 
 }  // namespace memeff::detail

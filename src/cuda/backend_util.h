@@ -35,6 +35,8 @@ class DeviceScope {
 struct ComputeCapability {
   bool ok = false;
   int major = 0, minor = 0;
+  int multiprocessors = 0;  // SMs (the persistent sm90 grid's size)
+  std::string name;         // "NVIDIA H200"; empty when the properties could not be read
   std::string error;
 };
 // Cached per device ordinal (cudaGetDeviceProperties takes tens of microseconds).
@@ -47,7 +49,6 @@ cuda::Strides strides_of(const TensorView& t);
 void fill_from_problem(cuda::ForwardParams& p, const Problem& pb);
 void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const TensorView& out,
                      const TensorView& lse);
-std::string join(const std::vector<std::string>& reasons);
 
 // Reasons any fused CUDA kernel refuses a problem before its own checks: not a CUDA device,
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute

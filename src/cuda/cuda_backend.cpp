@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/builtin_backends.h"
+#include "core/dispatch_decision.h"
 #include "cuda/backend_util.h"
 #include "cuda/launch/launch.h"
 #include "cuda/sm80/fwd_dispatch.cuh"
@@ -99,7 +100,7 @@ class CudaBackend final : public CudaBackendBase {
     const ComputeCapability cc = compute_capability(pb.device.index);
     const std::vector<std::string> reasons = cuda::forward_unsupported(p, cc.major, cc.minor);
     if (!reasons.empty()) {
-      throw Error(ErrorCode::unsupported, "cuda forward cannot run these tensors: " + join(reasons));
+      throw Error(ErrorCode::unsupported, "cuda forward cannot run these tensors: " + join(reasons, "; "));
     }
     cuda::launch_forward(p, elem_type(pb.dtype), stream);  // Lk == 0 writes out 0, lse -inf
   }
@@ -143,7 +144,7 @@ class CudaBackend final : public CudaBackendBase {
     const ComputeCapability cc = compute_capability(pb.device.index);
     const std::vector<std::string> reasons = cuda::backward_unsupported(p, cc.major, cc.minor);
     if (!reasons.empty()) {
-      throw Error(ErrorCode::unsupported, "cuda backward cannot run these tensors: " + join(reasons));
+      throw Error(ErrorCode::unsupported, "cuda backward cannot run these tensors: " + join(reasons, "; "));
     }
 
     const std::size_t needed = cuda::backward_workspace_bytes(p);

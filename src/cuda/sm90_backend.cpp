@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/builtin_backends.h"
+#include "core/dispatch_decision.h"
 #include "cuda/backend_util.h"
 #include "cuda/launch/launch.h"
 #include "cuda/params.h"
@@ -58,9 +59,9 @@ class CudaSm90Backend final : public CudaBackendBase {
     const std::vector<std::string> reasons = cuda::sm90_forward_unsupported(p, cc.major, cc.minor);
     if (!reasons.empty()) {
       throw Error(ErrorCode::unsupported,
-                  "cuda_sm90 forward cannot run these tensors: " + join(reasons));
+                  "cuda_sm90 forward cannot run these tensors: " + join(reasons, "; "));
     }
-    cuda::launch_forward_sm90(p, elem_type(pb.dtype), stream);  // Lk == 0 writes out 0, lse -inf
+    cuda::launch_forward_sm90(p, elem_type(pb.dtype), cc.multiprocessors, stream);  // Lk == 0 writes out 0, lse -inf
   }
 
   void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,

@@ -4,5 +4,5 @@
 #include "cuda/sm90/fwd_run.cuh"
 
 namespace memeff::cuda::sm90 {
-template void run_forward<__half, 256>(const ForwardTmaParams&, cudaStream_t);
+template void run_forward<__half, 256>(const ForwardTmaParams&, int, cudaStream_t);
 }  // namespace memeff::cuda::sm90

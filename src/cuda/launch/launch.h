@@ -21,7 +21,9 @@ void launch_forward(const ForwardParams& params, ElemType type, cudaStream_t str
 std::vector<std::string> forward_unsupported(const ForwardParams& params, int sm_major, int sm_minor);
 
 // The sm90 (Hopper) forward: writes out and lse like launch_forward. src/cuda/launch/sm90_fwd_launch.cu
-void launch_forward_sm90(const ForwardParams& params, ElemType type, cudaStream_t stream);
+// `multiprocessors`: the device's SM count, the persistent grid's size.
+void launch_forward_sm90(const ForwardParams& params, ElemType type, int multiprocessors,
+                         cudaStream_t stream);
 std::vector<std::string> sm90_forward_unsupported(const ForwardParams& params, int sm_major,
                                                   int sm_minor);
 // Whether this build compiled the sm90 kernels for sm_90a (else they are stubs).

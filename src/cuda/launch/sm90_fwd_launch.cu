@@ -68,9 +68,10 @@ std::vector<std::string> sm90_forward_unsupported(const ForwardParams& p, int sm
 namespace {
 
 template <int kHeadDim>
-void run_bucket(const sm90::ForwardTmaParams& tp, bool bf16, cudaStream_t stream) {
-  bf16 ? sm90::run_forward<__nv_bfloat16, kHeadDim>(tp, stream)
-       : sm90::run_forward<__half, kHeadDim>(tp, stream);
+void run_bucket(const sm90::ForwardTmaParams& tp, bool bf16, int multiprocessors,
+                cudaStream_t stream) {
+  bf16 ? sm90::run_forward<__nv_bfloat16, kHeadDim>(tp, multiprocessors, stream)
+       : sm90::run_forward<__half, kHeadDim>(tp, multiprocessors, stream);
 }
 
 void encode_or_throw(CUtensorMap& map, const sm90::TmaTensor& t, int box_rows, const char* name) {
@@ -83,7 +84,8 @@ void encode_or_throw(CUtensorMap& map, const sm90::TmaTensor& t, int box_rows, c
 
 }  // namespace
 
-void launch_forward_sm90(const ForwardParams& params, ElemType type, cudaStream_t stream) {
+void launch_forward_sm90(const ForwardParams& params, ElemType type, int multiprocessors,
+                         cudaStream_t stream) {
   if (params.Lq == 0 || params.B == 0 || params.Hq == 0) return;
   const int bucket =
       head_dim_bucket(sm90::kForwardHeadDims, params.D > params.Dv ? params.D : params.Dv);
@@ -112,16 +114,16 @@ void launch_forward_sm90(const ForwardParams& params, ElemType type, cudaStream_
   }
   switch (bucket) {
     case 64:
-      run_bucket<64>(tp, bf16, stream);
+      run_bucket<64>(tp, bf16, multiprocessors, stream);
       break;
     case 96:
-      run_bucket<96>(tp, bf16, stream);
+      run_bucket<96>(tp, bf16, multiprocessors, stream);
       break;
     case 128:
-      run_bucket<128>(tp, bf16, stream);
+      run_bucket<128>(tp, bf16, multiprocessors, stream);
       break;
     case 256:
-      run_bucket<256>(tp, bf16, stream);
+      run_bucket<256>(tp, bf16, multiprocessors, stream);
       break;
     default:
       break;

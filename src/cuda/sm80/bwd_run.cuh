@@ -74,15 +74,11 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   // 2. main kernel.
   auto kernel = attention_backward_kernel<T, Tr>;
   static std::atomic<unsigned long long> opted_in{0};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const unsigned long long bit = 1ull << (device & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+  once_per_device(opted_in, [&] {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   Tr::kSmemBytes),
-              "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
+                                    Tr::kSmemBytes),
+               "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
+  });
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBc - 1) / Tr::kBc);
   const int heads = p.B * p.Hkv;
   if (!p.deterministic) {

@@ -41,15 +41,11 @@ void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<T, Tr, kDropout>;
   // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
   static std::atomic<unsigned long long> opted_in{0};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const unsigned long long bit = 1ull << (device & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+  once_per_device(opted_in, [&] {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     Tr::kSmemBytes),
                "cudaFuncSetAttribute(forward kernel, max dynamic shared memory)");
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  });
   const dim3 grid(static_cast<unsigned>(params.B * params.Hq),
                   static_cast<unsigned>((params.Lq + Tr::kBlockM - 1) / Tr::kBlockM));
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params);

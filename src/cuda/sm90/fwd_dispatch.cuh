@@ -10,6 +10,6 @@
 namespace memeff::cuda::sm90 {
 
 template <class T, int kHeadDim>
-void run_forward(const ForwardTmaParams& params, cudaStream_t stream);
+void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream);
 
 }  // namespace memeff::cuda::sm90

@@ -8,38 +8,24 @@
 #include <atomic>
 #include <string>
 
+#include "cuda/check.h"
 #include "cuda/sm90/fwd_dispatch.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
-#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda::sm90 {
 
 using cuda::check_cuda;
-
-// Multiprocessors of a device, asked once per device.
-inline int sm_count(int device) {
-  static std::atomic<int> counts[64] = {};
-  std::atomic<int>& slot = counts[device & 63];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute(multiprocessor count)");
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
+using cuda::once_per_device;
 
 template <class T, class Tr, bool kDropout, bool kBias>
-void launch_forward_kernel(const ForwardTmaParams& params, cudaStream_t stream) {
+void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
+                           cudaStream_t stream) {
   auto kernel = attention_forward_sm90_kernel<T, Tr, kDropout, kBias>;
   constexpr int kSmem = Tr::kSmemBytes;
   // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
   static std::atomic<unsigned long long> opted_in{0};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const unsigned long long bit = 1ull << (device & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+  once_per_device(opted_in, [&] {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "cudaFuncSetAttribute(sm90 forward kernel, max dynamic shared memory)");
     // The consumers' setmaxnreg.inc would wait forever if the launch allocated fewer registers
@@ -52,8 +38,7 @@ void launch_forward_kernel(const ForwardTmaParams& params, cudaStream_t stream) 
                   "cuda_sm90 forward: the kernel was built with " + std::to_string(attr.numRegs) +
                       " registers per thread, too few for its setmaxnreg split");
     }
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  });
   const ForwardParams& p = params.p;
   // Work items: query block x batch·head (sm90_forward_unsupported bounds their count by 2^31 - 1).
   // Without a causal mask every item costs the same, so a persistent grid (one CTA per SM, each
@@ -63,22 +48,22 @@ void launch_forward_kernel(const ForwardTmaParams& params, cudaStream_t stream) 
   // item to whichever SM frees up first (measured on the H200: the persistent grid lost 10-37% on
   // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md).
   const long long items = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM * p.B * p.Hq;
-  const long long sms = sm_count(device);
+  const long long sms = multiprocessors > 0 ? multiprocessors : 1;
   const long long ctas = !p.causal && items > sms ? sms : items;
   kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(params);
   check_cuda(cudaGetLastError(), "attention_forward_sm90_kernel launch");
 }
 
 template <class T, int kHeadDim>
-void run_forward(const ForwardTmaParams& params, cudaStream_t stream) {
+void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream) {
   using Tr = typename FwdConfig<kHeadDim>::Traits;
   const bool bias = params.p.bias != nullptr;
   if (params.p.has_dropout) {
-    bias ? launch_forward_kernel<T, Tr, true, true>(params, stream)
-         : launch_forward_kernel<T, Tr, true, false>(params, stream);
+    bias ? launch_forward_kernel<T, Tr, true, true>(params, multiprocessors, stream)
+         : launch_forward_kernel<T, Tr, true, false>(params, multiprocessors, stream);
   } else {
-    bias ? launch_forward_kernel<T, Tr, false, true>(params, stream)
-         : launch_forward_kernel<T, Tr, false, false>(params, stream);
+    bias ? launch_forward_kernel<T, Tr, false, true>(params, multiprocessors, stream)
+         : launch_forward_kernel<T, Tr, false, false>(params, multiprocessors, stream);
   }
 }
 
