@@ -4,6 +4,8 @@
 // candidates once per shape key and remembers the winner in memory and in a cache file.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,54 @@ struct Explanation {
 
 // What forward/backward would do for these arguments, without running anything.
 Explanation explain(const AttentionArgs& args, Pass pass, const Options& options = {});
+
+// One pass, decided once: building it validates the arguments and chooses the backend, so the
+// workspace size and the run share one decision (a framework takes the workspace from its own
+// allocator in between). forward() and backward() are this in one step. Decisions are remembered
+// per thread by call signature (sizes, dtypes, device, flags, bias pattern, alignment class,
+// pass, backend order, autotune and log settings), so a repeated call skips the backends' checks
+// and the dispatcher's texts; explain() and MEMEFF_LOG_DISPATCH still say everything.
+// The views are copied; the memory they point to must stay valid until run() returns.
+class PreparedCall {
+ public:
+  // Throw what forward() and backward() throw: bad arguments, or no backend qualifies.
+  static PreparedCall forward(const AttentionArgs& args, const TensorView& out,
+                              const TensorView& lse, Options options = {});
+  static PreparedCall backward(const AttentionArgs& args, const BackwardTensors& grads,
+                               Options options = {});
+
+  PreparedCall(PreparedCall&&) noexcept;
+  PreparedCall& operator=(PreparedCall&&) noexcept;
+  ~PreparedCall();
+
+  const Problem& problem() const { return problem_; }
+  // The chosen backend (with autotuning still to time the candidates: the first eligible one,
+  // which the tune in run() may replace).
+  std::string backend() const;
+  // Scratch bytes run() wants; with a tune pending, the largest need among the candidates.
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+  // Runs the pass, first timing the candidates when autotune has no winner for this signature.
+  // `workspace`: at least workspace_bytes() of scratch on the tensors' device; without one,
+  // Options::workspace is used, else the backend allocates on the stream.
+  CallInfo run(void* workspace = nullptr, std::size_t workspace_bytes = 0);
+
+ private:
+  friend std::size_t workspace_size(const AttentionArgs&, Pass, const Options&);
+  struct PendingTune;
+  PreparedCall(Pass pass, const AttentionArgs& args, Options options);
+  void choose(bool may_tune);
+
+  Pass pass_;
+  Problem problem_;
+  AttentionArgs args_;
+  TensorView out_, lse_;   // forward
+  BackwardTensors grads_;  // backward
+  Options options_;
+  std::shared_ptr<Backend> backend_;
+  std::size_t workspace_bytes_ = 0;
+  bool compute_ = true;  // false for a forward with nothing to compute (B·Hq·Lq = 0)
+  std::unique_ptr<PendingTune> pending_;
+};
 
 // Restricts (and orders) the backends for calls on this thread while alive. Nested guards
 // apply the innermost; Options::backends on a call still wins over a guard.

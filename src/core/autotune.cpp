@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/decision_cache.h"
 #include "core/json_text.h"
 #include "memeff/error.h"
 
@@ -163,6 +164,7 @@ std::string cache_document(const std::map<std::string, TuneEntry>& entries) {
 void ensure_loaded(Store& s) {
   const std::string path = autotune_cache_path();
   if (s.loaded && s.path == path) return;
+  if (s.loaded) invalidate_decisions();  // winners remembered from the previous file
   s.entries.clear();
   s.path = path;
   s.loaded = true;
@@ -281,6 +283,7 @@ void autotune_record(const TuneEntry& entry) {
   ensure_loaded(s);
   s.entries[entry.key] = entry;
   persist(s);
+  invalidate_decisions();
 }
 
 TuneOutcome autotune_time(const Problem& problem, Pass pass, const std::string& key,
@@ -356,6 +359,7 @@ void autotune_reset_memory() {
   std::lock_guard lock(s.mutex);
   s.entries.clear();
   s.loaded = false;
+  detail::invalidate_decisions();
 }
 
 bool autotune_enabled(const Options& options) {

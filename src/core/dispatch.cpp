@@ -1,15 +1,21 @@
 // The dispatcher behind forward, backward, workspace_size and explain (the registry is in
-// registry.cpp, the texts it produces in dispatch_report.cpp). All four go through decide():
+// registry.cpp, the texts it produces in dispatch_report.cpp, the hot path's memory of decisions
+// in decision_cache.cpp). explain() and every call that logs or autotunes go through decide():
 // resolve the order, collect every backend's reasons, choose (first eligible, or the autotuned
-// winner), so what explain() says is exactly what a call does.
+// winner). The hot path (PreparedCall, which forward and backward use) asks the per-thread cache
+// first and, on a miss without log or autotune, walks the same order to the first eligible
+// backend, which is decide()'s choice too; so what explain() says is exactly what a call does.
 #include "core/dispatch_decision.h"
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/decision_cache.h"
 #include "memeff/error.h"
 
 namespace memeff {
@@ -106,6 +112,27 @@ HeuristicOrder default_order(const Problem& problem) {
   return h;
 }
 
+ResolvedOrder resolve_order(const Problem& problem, const Options& options,
+                            const std::vector<std::shared_ptr<Backend>>& registered) {
+  ResolvedOrder r;
+  if (!options.backends.empty()) {
+    r.order = options.backends;
+    r.source = "options";
+  } else if (!t_guard_stack.empty()) {
+    r.order = t_guard_stack.back();
+    r.source = "scoped guard";
+  } else if (std::vector<std::string> env = env_backends(registered); !env.empty()) {
+    r.order = std::move(env);
+    r.source = "MEMEFF_BACKENDS";
+  } else {
+    HeuristicOrder h = default_order(problem);
+    r.order = std::move(h.order);
+    r.heuristic_why = std::move(h.why);
+    r.source = "default";
+  }
+  return r;
+}
+
 Decision decide(const Problem& problem, Pass pass, const Options& options) {
   const std::vector<std::shared_ptr<Backend>> registered = registry_snapshot();
   Decision d;
@@ -113,22 +140,10 @@ Decision decide(const Problem& problem, Pass pass, const Options& options) {
   ex.problem = problem;
   ex.pass = pass;
 
-  std::string heuristic_why;
-  if (!options.backends.empty()) {
-    ex.order = options.backends;
-    ex.order_source = "options";
-  } else if (!t_guard_stack.empty()) {
-    ex.order = t_guard_stack.back();
-    ex.order_source = "scoped guard";
-  } else if (std::vector<std::string> env = env_backends(registered); !env.empty()) {
-    ex.order = std::move(env);
-    ex.order_source = "MEMEFF_BACKENDS";
-  } else {
-    HeuristicOrder h = default_order(problem);
-    ex.order = std::move(h.order);
-    heuristic_why = std::move(h.why);
-    ex.order_source = "default";
-  }
+  ResolvedOrder resolved = resolve_order(problem, options, registered);
+  ex.order = std::move(resolved.order);
+  ex.order_source = std::move(resolved.source);
+  const std::string heuristic_why = std::move(resolved.heuristic_why);
   const bool user = ex.order_source != "default";
 
   auto lookup = [&](const std::string& name) -> std::shared_ptr<Backend> {
@@ -208,42 +223,184 @@ Decision decide(const Problem& problem, Pass pass, const Options& options) {
   return d;
 }
 
-Decision dispatch(const Problem& problem, Pass pass, const Options& options,
-                  const PassRunner* run) {
-  Decision d = decide(problem, pass, options);
-  if (!d.backend) throw_unsupported(d.explanation);
-  if (d.tune_pending && run) {
-    Explanation& ex = d.explanation;
-    const TuneOutcome outcome = autotune_time(problem, pass, ex.key, d.eligible, options, *run);
-    if (!outcome.entry.backend.empty()) {
-      autotune_record(outcome.entry);
-      for (const auto& b : d.eligible) {
-        if (b->name() == outcome.entry.backend) d.backend = b;
-      }
-      ex.chosen = outcome.entry.backend;
-      ex.timings = outcome.entry.candidates;
-      std::vector<std::string> parts;
-      for (const CandidateTime& c : ex.timings) parts.push_back(c.backend + " " + format_ms(c.ms));
-      ex.reason = "autotune result: fastest of " + join(parts) + " (median of " +
-                  std::to_string(kAutotuneRepeats) + " after " + std::to_string(kAutotuneWarmups) +
-                  " warm-ups)";
-      if (!outcome.failures.empty()) ex.reason += "; failed while timed: " + join(outcome.failures);
-    } else {
-      ex.reason += "; autotune: every candidate failed while timed (" + join(outcome.failures) +
-                   "), keeping the first";
+void finish_tune(Decision& d, const Problem& problem, Pass pass, const Options& options,
+                 const PassRunner& run) {
+  Explanation& ex = d.explanation;
+  const TuneOutcome outcome = autotune_time(problem, pass, ex.key, d.eligible, options, run);
+  if (!outcome.entry.backend.empty()) {
+    autotune_record(outcome.entry);
+    for (const auto& b : d.eligible) {
+      if (b->name() == outcome.entry.backend) d.backend = b;
     }
-    d.tune_pending = false;
+    ex.chosen = outcome.entry.backend;
+    ex.timings = outcome.entry.candidates;
+    std::vector<std::string> parts;
+    for (const CandidateTime& c : ex.timings) parts.push_back(c.backend + " " + format_ms(c.ms));
+    ex.reason = "autotune result: fastest of " + join(parts) + " (median of " +
+                std::to_string(kAutotuneRepeats) + " after " + std::to_string(kAutotuneWarmups) +
+                " warm-ups)";
+    if (!outcome.failures.empty()) ex.reason += "; failed while timed: " + join(outcome.failures);
+  } else {
+    ex.reason += "; autotune: every candidate failed while timed (" + join(outcome.failures) +
+                 "), keeping the first";
   }
-  log_decision(d.explanation);
-  return d;
+  d.tune_pending = false;
 }
 
-Choice choose_backend(const Problem& problem, Pass pass, const Options& options) {
-  Decision d = dispatch(problem, pass, options, nullptr);
-  return {d.backend, d.explanation.reason};
+namespace {
+
+// MEMEFF_BACKENDS when it names anything: items are split at ',' and trimmed of blanks, so a
+// text of only ',', ' ' and '\t' is as if unset (env_backends agrees).
+const char* env_order_text() {
+  const char* raw = std::getenv("MEMEFF_BACKENDS");
+  if (!raw || raw[std::strspn(raw, ", \t")] == '\0') return nullptr;
+  return raw;
 }
 
+// The order a call walks, named without being built (decide() builds it in the same priority).
+OrderRef order_ref(const Options& options) {
+  if (!options.backends.empty()) return {OrderSource::options, &options.backends, nullptr};
+  if (!t_guard_stack.empty()) return {OrderSource::scoped_guard, &t_guard_stack.back(), nullptr};
+  if (const char* env = env_order_text()) return {OrderSource::environment, nullptr, env};
+  return {};
+}
+
+// decide()'s choice without its report: the first backend of the order with no reasons, or null.
+std::shared_ptr<Backend> first_eligible(const Problem& problem, Pass pass, const Options& options) {
+  const std::vector<std::shared_ptr<Backend>> registered = registry_snapshot();
+  const ResolvedOrder resolved = resolve_order(problem, options, registered);
+  for (const std::string& name : resolved.order) {
+    for (const auto& backend : registered) {
+      if (backend->name() != name) continue;
+      if (reasons_for(*backend, problem, pass).empty()) return backend;
+      break;
+    }
+  }
+  return nullptr;
+}
+
+std::size_t largest_workspace(const Decision& d, const Problem& problem, Pass pass) {
+  std::size_t bytes = 0;
+  for (const auto& b : d.eligible) bytes = std::max(bytes, b->workspace_bytes(problem, pass));
+  return bytes;
+}
+
+}  // namespace
 }  // namespace detail
+
+// Autotune's state between choose() and run(): the full decision, whose candidates run() times.
+struct PreparedCall::PendingTune {
+  detail::Decision decision;
+};
+
+PreparedCall::PreparedCall(Pass pass, const AttentionArgs& args, Options options)
+    : pass_(pass), args_(args), options_(std::move(options)) {}
+
+PreparedCall::PreparedCall(PreparedCall&&) noexcept = default;
+PreparedCall& PreparedCall::operator=(PreparedCall&&) noexcept = default;
+PreparedCall::~PreparedCall() = default;
+
+// The hot path: the cached decision of this signature, else the first eligible backend (or, with
+// the log or autotune on, the full decision, logged as before), remembered for the next call.
+void PreparedCall::choose(bool may_tune) {
+  using namespace detail;
+  const OrderRef order = order_ref(options_);
+  const bool tune = autotune_enabled(options_);
+  const bool log = log_dispatch_enabled();
+  const DecisionKey key = decision_key(problem_, pass_, order, tune, log);
+  if (const CachedDecision* hit = cached_decision(key, order)) {
+    backend_ = hit->backend;
+    workspace_bytes_ = hit->workspace_bytes;
+    return;
+  }
+  const std::uint64_t generation = decision_generation();
+  if (!tune && !log) {
+    backend_ = first_eligible(problem_, pass_, options_);
+    if (!backend_) throw_unsupported(decide(problem_, pass_, options_).explanation);
+  } else {
+    Decision d = decide(problem_, pass_, options_);
+    if (!d.backend) throw_unsupported(d.explanation);
+    backend_ = d.backend;
+    if (d.tune_pending) {
+      workspace_bytes_ = largest_workspace(d, problem_, pass_);
+      if (may_tune) {
+        pending_ = std::make_unique<PendingTune>(PendingTune{std::move(d)});
+      } else {
+        log_decision(d.explanation);  // nothing to time with: the first eligible runs
+      }
+      return;  // remembered once a tune has chosen
+    }
+    log_decision(d.explanation);
+  }
+  workspace_bytes_ = backend_->workspace_bytes(problem_, pass_);
+  remember_decision(key, order, {backend_, workspace_bytes_}, generation);
+}
+
+PreparedCall PreparedCall::forward(const AttentionArgs& args, const TensorView& out,
+                                   const TensorView& lse, Options options) {
+  PreparedCall call(Pass::forward, args, std::move(options));
+  call.problem_ = validate_forward(args, out, lse);
+  call.out_ = out;
+  call.lse_ = lse;
+  const Problem& p = call.problem_;
+  call.compute_ = p.B * p.Hq * p.Lq != 0;
+  // Timing a candidate runs it on the caller's own out and lse; the winner's run overwrites them.
+  call.choose(call.compute_ && p.Lk != 0);
+  return call;
+}
+
+PreparedCall PreparedCall::backward(const AttentionArgs& args, const BackwardTensors& grads,
+                                    Options options) {
+  PreparedCall call(Pass::backward, args, std::move(options));
+  call.problem_ = validate_backward(args, grads);
+  call.grads_ = grads;
+  const Problem& p = call.problem_;
+  // The backward is timed on its own (its key says pass=backward) and writes only dq, dk, dv and
+  // dbias, which the winner's run overwrites. Since every backend's out and lse are the same
+  // function, the fastest forward and the fastest backward may differ and still pair up.
+  call.choose(p.B * p.Hq * p.Lq * p.Lk != 0);
+  return call;
+}
+
+std::string PreparedCall::backend() const { return backend_->name(); }
+
+CallInfo PreparedCall::run(void* workspace, std::size_t workspace_bytes) {
+  if (workspace != nullptr) {
+    options_.workspace = workspace;
+    options_.workspace_bytes = workspace_bytes;
+  }
+  if (pending_) {
+    detail::Decision& d = pending_->decision;
+    const detail::PassRunner runner = [&](Backend& backend, const Options& o) {
+      if (pass_ == Pass::forward) {
+        backend.forward(problem_, args_, out_, lse_, o);
+      } else {
+        backend.backward(problem_, args_, grads_, o);
+      }
+    };
+    detail::finish_tune(d, problem_, pass_, options_, runner);
+    detail::log_decision(d.explanation);
+    backend_ = d.backend;
+    workspace_bytes_ = backend_->workspace_bytes(problem_, pass_);
+    pending_.reset();
+    // Remembered under the generation after autotune_record (which starts a new one).
+    const detail::OrderRef order = detail::order_ref(options_);
+    const detail::DecisionKey key =
+        detail::decision_key(problem_, pass_, order, true, detail::log_dispatch_enabled());
+    detail::remember_decision(key, order, {backend_, workspace_bytes_},
+                              detail::decision_generation());
+  }
+  CallInfo info;
+  info.backend = backend_->name();
+  info.p_effective = problem_.dropout.p_effective;
+  if (!compute_) return info;
+  if (pass_ == Pass::forward) {
+    backend_->forward(problem_, args_, out_, lse_, options_);
+  } else {
+    backend_->backward(problem_, args_, grads_, options_);
+  }
+  return info;
+}
 
 Explanation explain(const AttentionArgs& args, Pass pass, const Options& options) {
   const Problem problem = validate_inputs(args);
@@ -252,51 +409,20 @@ Explanation explain(const AttentionArgs& args, Pass pass, const Options& options
 
 CallInfo forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse,
                  const Options& options) {
-  const Problem problem = validate_forward(args, out, lse);
-  CallInfo info;
-  info.p_effective = problem.dropout.p_effective;
-  const bool empty = problem.B * problem.Hq * problem.Lq == 0;
-  // Timing a candidate runs it on the caller's own out and lse; the winner's real call below
-  // overwrites them.
-  const detail::PassRunner run = [&](Backend& backend, const Options& o) {
-    backend.forward(problem, args, out, lse, o);
-  };
-  const detail::Decision d =
-      detail::dispatch(problem, Pass::forward, options, empty || problem.Lk == 0 ? nullptr : &run);
-  info.backend = d.backend->name();
-  if (empty) return info;  // nothing to compute
-  d.backend->forward(problem, args, out, lse, options);
-  return info;
+  return PreparedCall::forward(args, out, lse, options).run();
 }
 
 CallInfo backward(const AttentionArgs& args, const BackwardTensors& grads, const Options& options) {
-  const Problem problem = validate_backward(args, grads);
-  CallInfo info;
-  info.p_effective = problem.dropout.p_effective;
-  // The backward is timed on its own (its key says pass=backward) and writes only dq, dk, dv and
-  // dbias, which the winner's real call overwrites. Since every backend's out and lse are the
-  // same function, the fastest forward and the fastest backward may differ and still pair up.
-  const detail::PassRunner run = [&](Backend& backend, const Options& o) {
-    backend.backward(problem, args, grads, o);
-  };
-  const bool trivial = problem.B * problem.Hq * problem.Lq * problem.Lk == 0;
-  const detail::Decision d =
-      detail::dispatch(problem, Pass::backward, options, trivial ? nullptr : &run);
-  info.backend = d.backend->name();
-  d.backend->backward(problem, args, grads, options);
-  return info;
+  return PreparedCall::backward(args, grads, options).run();
 }
 
 std::size_t workspace_size(const AttentionArgs& args, Pass pass, const Options& options) {
-  const Problem problem = validate_inputs(args);
-  const detail::Decision d = detail::dispatch(problem, pass, options, nullptr);
-  // With a tune still to come, any candidate may win: ask for the largest of their needs.
-  if (d.tune_pending) {
-    std::size_t bytes = 0;
-    for (const auto& b : d.eligible) bytes = std::max(bytes, b->workspace_bytes(problem, pass));
-    return bytes;
-  }
-  return d.backend->workspace_bytes(problem, pass);
+  // The decision of the pass these arguments make, without its output views: validate_inputs
+  // yields the Problem a forward or backward of them would yield (outputs only add checks).
+  PreparedCall call(pass, args, options);
+  call.problem_ = validate_inputs(args);
+  call.choose(false);  // a tune still to come: the largest need of the candidates
+  return call.workspace_bytes();
 }
 
 }  // namespace memeff

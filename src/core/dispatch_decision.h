@@ -1,7 +1,8 @@
-// Backend selection, one code path for forward, backward, workspace_size and explain(): resolve
-// the priority order (Options::backends > innermost ScopedBackends > MEMEFF_BACKENDS > the
-// per-device heuristic), ask every backend for its reasons, take the first eligible one, or the
-// autotuned winner when tuning is on, and otherwise throw an error listing every reason.
+// Backend selection: resolve the priority order (Options::backends > innermost ScopedBackends >
+// MEMEFF_BACKENDS > the per-device heuristic), ask every backend for its reasons, take the first
+// eligible one, or the autotuned winner when tuning is on, and otherwise throw an error listing
+// every reason. explain() reports this decision; calls reuse it through the per-thread decision
+// cache (core/decision_cache.h) of PreparedCall, which forward, backward and workspace_size use.
 #pragma once
 
 #include <memory>
@@ -23,6 +24,8 @@ const char* pass_name(Pass pass);
 const char* device_type_name(DeviceType t);
 std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 std::string format_ms(double ms);
+// Whether MEMEFF_LOG_DISPATCH is set (and not 0).
+bool log_dispatch_enabled();
 // One stderr line per distinct decision when MEMEFF_LOG_DISPATCH is set (and not 0).
 void log_decision(const Explanation& ex);
 // ErrorCode::unsupported listing the order walked and every backend with its reasons.
@@ -35,6 +38,17 @@ struct HeuristicOrder {
 };
 HeuristicOrder default_order(const Problem& problem);
 
+// The order a call walks and where it comes from ("options", "scoped guard", "MEMEFF_BACKENDS",
+// "default"; heuristic_why only for the default). Throws for a MEMEFF_BACKENDS naming an
+// unregistered backend.
+struct ResolvedOrder {
+  std::vector<std::string> order;
+  std::string source;
+  std::string heuristic_why;
+};
+ResolvedOrder resolve_order(const Problem& problem, const Options& options,
+                            const std::vector<std::shared_ptr<Backend>>& registered);
+
 struct Decision {
   Explanation explanation;                         // what explain() returns
   std::shared_ptr<Backend> backend;                // the choice; null when none qualifies
@@ -42,20 +56,13 @@ struct Decision {
   bool tune_pending = false;  // autotune is on, several candidates, no remembered winner
 };
 
-// Decides without running anything (explain, workspace_size). Throws only for a malformed
-// MEMEFF_BACKENDS.
+// Decides without running anything, with every backend's reasons (explain(), and calls that log
+// or autotune). Throws only for a malformed MEMEFF_BACKENDS.
 Decision decide(const Problem& problem, Pass pass, const Options& options);
 
-// decide(), then, when a tune is pending and `run` is given, times the candidates with it and
-// takes the winner; throws ErrorCode::unsupported (every backend with its reasons) when nothing
-// qualifies. Logs the decision once per shape key when MEMEFF_LOG_DISPATCH=1.
-Decision dispatch(const Problem& problem, Pass pass, const Options& options, const PassRunner* run);
-
-struct Choice {
-  std::shared_ptr<Backend> backend;
-  std::string why;
-};
-// dispatch() without tuning, for callers that only need the backend.
-Choice choose_backend(const Problem& problem, Pass pass, const Options& options);
+// Times the candidates of a decision whose tune is pending with `run`, records the winner and
+// makes it the choice (its reason: the measured times).
+void finish_tune(Decision& d, const Problem& problem, Pass pass, const Options& options,
+                 const PassRunner& run);
 
 }  // namespace memeff::detail

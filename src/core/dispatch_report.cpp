@@ -2,6 +2,7 @@
 // error when no backend qualifies (every backend with its reasons).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <mutex>
@@ -33,12 +34,12 @@ Json problem_json(const Problem& p) {
           {"scale", p.scale}};
 }
 
+}  // namespace
+
 bool log_dispatch_enabled() {
   const char* v = std::getenv("MEMEFF_LOG_DISPATCH");
-  return v && *v && std::string(v) != "0";
+  return v && *v && std::strcmp(v, "0") != 0;
 }
-
-}  // namespace
 
 const char* pass_name(Pass pass) { return pass == Pass::forward ? "forward" : "backward"; }
 const char* device_type_name(DeviceType t) { return t == DeviceType::cuda ? "cuda" : "cpu"; }

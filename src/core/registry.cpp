@@ -1,5 +1,5 @@
 // The backend registry: the built-in backends (core/builtin_backends.h) plus what users register,
-// behind one mutex; the dispatcher works on snapshots.
+// behind one mutex; the dispatcher works on snapshots, and a change drops remembered decisions.
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/builtin_backends.h"
+#include "core/decision_cache.h"
 #include "core/dispatch_decision.h"
 #include "memeff/error.h"
 
@@ -51,6 +52,7 @@ void register_backend(std::shared_ptr<Backend> backend) {
   } else {
     r.backends.push_back(std::move(backend));
   }
+  detail::invalidate_decisions();
 }
 
 bool unregister_backend(const std::string& name) {
@@ -60,6 +62,7 @@ bool unregister_backend(const std::string& name) {
                          [&](const auto& b) { return b->name() == name; });
   if (it == r.backends.end()) return false;
   r.backends.erase(it);
+  detail::invalidate_decisions();
   return true;
 }
 

@@ -1,12 +1,13 @@
 // Argument validation for every entry point. Each failure names the argument, what was expected
 // and what was given; a successful check yields the Problem that backends decide on.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include "core/dropout_map.h"
 #include "memeff/backend.h"
@@ -23,7 +24,7 @@ constexpr const char* kDimNames = "BHLD";
 
 std::string shape_str(const TensorView& t) { return t.describe(); }
 
-void check_view(const std::string& name, const TensorView& t, int rank) {
+void check_view(const char* name, const TensorView& t, int rank) {
   if (t.rank != rank) {
     fail(name, "expected rank " + std::to_string(rank) + ", got rank " + std::to_string(t.rank) +
                    (t.rank ? " (" + shape_str(t) + ")" : std::string(" (undefined view)")));
@@ -72,8 +73,8 @@ void check_view(const std::string& name, const TensorView& t, int rank) {
   }
 }
 
-void check_dim(const std::string& name, const TensorView& t, int dim, std::int64_t expected,
-               const std::string& why) {
+void check_dim(const char* name, const TensorView& t, int dim, std::int64_t expected,
+               const char* why) {
   if (t.shape[dim] != expected) {
     std::ostringstream os;
     os << "expected size " << expected << " in dimension " << dim;
@@ -83,15 +84,14 @@ void check_dim(const std::string& name, const TensorView& t, int dim, std::int64
   }
 }
 
-void check_dtype(const std::string& name, const TensorView& t, DType expected,
-                 const std::string& why) {
+void check_dtype(const char* name, const TensorView& t, DType expected, const char* why) {
   if (t.dtype != expected) {
     fail(name, std::string("expected dtype ") + dtype_name(expected) + " " + why + ", got " +
                    dtype_name(t.dtype));
   }
 }
 
-void check_device(const std::string& name, const TensorView& t, Device expected) {
+void check_device(const char* name, const TensorView& t, Device expected) {
   if (!(t.device == expected)) {
     fail(name, "expected device " + device_name(expected) + " (the device of q), got " +
                    device_name(t.device) + "; all tensors of a call must be on one device");
@@ -122,7 +122,9 @@ struct Named {
   const TensorView* view;
 };
 
-void check_no_alias(const std::vector<Named>& outputs, const std::vector<Named>& inputs) {
+// Spans over caller arrays rather than vectors: validation runs on every call and allocates
+// nothing unless it fails.
+void check_no_alias(std::span<const Named> outputs, std::span<const Named> inputs) {
   for (std::size_t a = 0; a < outputs.size(); ++a) {
     const Extent ea = extent_of(*outputs[a].view);
     if (ea.empty()) continue;
@@ -150,13 +152,17 @@ void check_no_alias(const std::vector<Named>& outputs, const std::vector<Named>&
 // Sufficient for distinct elements (and what every dense or padded layout satisfies): taken by
 // increasing |stride|, each dimension steps past everything the smaller ones reach.
 void check_no_self_overlap(const char* name, const TensorView& t) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (|stride|, size) with size > 1
+  std::array<std::pair<std::int64_t, std::int64_t>, TensorView::kMaxRank> dims;  // (|stride|, size)
+  std::size_t count = 0;  // dimensions of size > 1
   for (int d = 0; d < t.rank; ++d) {
-    if (t.shape[d] > 1) dims.emplace_back(t.stride[d] < 0 ? -t.stride[d] : t.stride[d], t.shape[d]);
+    if (t.shape[d] > 1) dims[count++] = {t.stride[d] < 0 ? -t.stride[d] : t.stride[d], t.shape[d]};
   }
-  std::sort(dims.begin(), dims.end());
+  for (std::size_t i = 1; i < count; ++i) {  // insertion sort: at most four entries
+    for (std::size_t j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
   std::int64_t reach = 0;  // the largest offset the smaller dimensions add (check_view bounds it)
-  for (const auto& [stride, size] : dims) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto [stride, size] = dims[i];
     if (stride <= reach) {
       fail(name, "output elements overlap in memory (" + shape_str(t) +
                      "); each element of an output needs its own memory");
@@ -311,9 +317,12 @@ Problem validate_forward(const AttentionArgs& args, const TensorView& out, const
   }
   check_no_self_overlap("out", out);
   check_no_self_overlap("lse", lse);
-  std::vector<Named> inputs = {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}};
-  if (args.bias) inputs.push_back({"bias", &*args.bias});
-  check_no_alias({{"out", &out}, {"lse", &lse}}, inputs);
+  const std::array<Named, 4> inputs = {{{"q", &args.q},
+                                        {"k", &args.k},
+                                        {"v", &args.v},
+                                        {"bias", args.bias ? &*args.bias : nullptr}}};
+  const std::array<Named, 2> outputs = {{{"out", &out}, {"lse", &lse}}};
+  check_no_alias(outputs, std::span(inputs).first(args.bias ? 4 : 3));
   p.vector_aligned = p.vector_aligned && vector_aligned(out);
   return p;
 }
@@ -336,20 +345,28 @@ Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
     for (int d = 0; d < 4; ++d) check_dim(s.name, *s.t, d, s.like->shape[d], "(as its forward tensor)");
   }
   if (g.dbias && !args.bias) fail("dbias", "given, but the call has no bias");
-  std::vector<Named> outputs = {{"dq", &g.dq}, {"dk", &g.dk}, {"dv", &g.dv}};
+  std::array<Named, 4> outputs = {
+      {{"dq", &g.dq}, {"dk", &g.dk}, {"dv", &g.dv}, {"dbias", g.dbias ? &*g.dbias : nullptr}}};
+  const std::size_t output_count = g.dbias ? 4 : 3;
   if (g.dbias) {
     const TensorView& db = *g.dbias;
     check_view("dbias", db, 4);
     check_dtype("dbias", db, args.bias->dtype, "(the dtype of bias)");
     check_device("dbias", db, p.device);
     for (int d = 0; d < 4; ++d) check_dim("dbias", db, d, args.bias->shape[d], "(the shape of bias)");
-    outputs.push_back({"dbias", &*g.dbias});
   }
-  for (const Named& o : outputs) check_no_self_overlap(o.name, *o.view);
-  std::vector<Named> inputs = {{"q", &args.q},     {"k", &args.k},     {"v", &args.v},
-                               {"out", &g.out},    {"lse", &g.lse},    {"dout", &g.dout}};
-  if (args.bias) inputs.push_back({"bias", &*args.bias});
-  check_no_alias(outputs, inputs);
+  for (std::size_t i = 0; i < output_count; ++i) {
+    check_no_self_overlap(outputs[i].name, *outputs[i].view);
+  }
+  const std::array<Named, 7> inputs = {{{"q", &args.q},
+                                        {"k", &args.k},
+                                        {"v", &args.v},
+                                        {"out", &g.out},
+                                        {"lse", &g.lse},
+                                        {"dout", &g.dout},
+                                        {"bias", args.bias ? &*args.bias : nullptr}}};
+  check_no_alias(std::span(outputs).first(output_count),
+                 std::span(inputs).first(args.bias ? 7 : 6));
   p.vector_aligned = p.vector_aligned && vector_aligned(g.dout) && vector_aligned(g.dq) &&
                      vector_aligned(g.dk) && vector_aligned(g.dv);
   return p;

@@ -74,10 +74,7 @@ struct Case {
   }
 
   AttentionArgs args() const {
-    AttentionArgs a;
-    a.q = q.view;
-    a.k = k.view;
-    a.v = v.view;
+    AttentionArgs a = test::attention_args(q, k, v);
     if (bias) a.bias = bias->view;
     a.causal = cfg.causal;
     a.dropout_p = cfg.dropout;

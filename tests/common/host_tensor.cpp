@@ -115,4 +115,12 @@ std::string Diff::where(const HostTensor& t) const {
   return os.str();
 }
 
+AttentionArgs attention_args(const HostTensor& q, const HostTensor& k, const HostTensor& v) {
+  AttentionArgs a;
+  a.q = q.view;
+  a.k = k.view;
+  a.v = v.view;
+  return a;
+}
+
 }  // namespace memeff::test

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memeff/attention.h"
 #include "memeff/tensor.h"
 
 namespace memeff::test {
@@ -35,6 +36,9 @@ void fill_normal(HostTensor& t, std::mt19937_64& rng, double stddev = 1.0);
 HostTensor converted(const HostTensor& t, DType dtype, Layout layout = Layout::bhld);
 // Every element NaN (outputs are poisoned before each run so unwritten elements fail).
 void poison(HostTensor& t);
+
+// Attention arguments over the views of q, k and v; the other fields keep their defaults.
+AttentionArgs attention_args(const HostTensor& q, const HostTensor& k, const HostTensor& v);
 
 struct Diff {
   double max_abs = 0.0;                          // max |a - b|

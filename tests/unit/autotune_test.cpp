@@ -77,13 +77,7 @@ struct Call {
         v(DType::f32, {1, 2, 6, 8}),
         out(DType::f32, {1, 2, Lq, 8}),
         lse(DType::f32, {1, 2, Lq}) {}
-  AttentionArgs args() const {
-    AttentionArgs a;
-    a.q = q.view;
-    a.k = k.view;
-    a.v = v.view;
-    return a;
-  }
+  AttentionArgs args() const { return test::attention_args(q, k, v); }
   CallInfo run(const Options& o) const { return forward(args(), out.view, lse.view, o); }
   // The same views, labelled as cuda:0 memory (fake backends never read them).
   Call& on_cuda() {

@@ -5,17 +5,16 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/allocation_count.h"
 #include "common/attention_case.h"
 #include "common/host_tensor.h"
 #include "common/tolerance.h"
@@ -26,54 +25,6 @@
 #include "memeff/backend.h"
 #include "memeff/dropout.h"
 #include "memeff/error.h"
-
-// ---- Allocation counting: every operator new of this binary while `g_counting` is set. ----
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<std::size_t> g_allocated{0};
-void* counted(std::size_t n, std::size_t align) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocated += n;
-  void* p = align > alignof(std::max_align_t)
-                ? std::aligned_alloc(align, (n + align - 1) / align * align)
-                : std::malloc(n ? n : 1);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-void* operator new(std::size_t n) { return counted(n, 0); }
-void* operator new[](std::size_t n) { return counted(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  return counted(n, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t n, std::align_val_t a) {
-  return counted(n, static_cast<std::size_t>(a));
-}
-// The nothrow forms too: the library's defaults call the forms above, but a sanitizer's
-// interposed ones would pair their own allocation with the free below.
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted(n, 0);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted(n, 0);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace memeff {
 namespace {
@@ -543,15 +494,17 @@ TEST(CpuBackend, MemoryStaysLinearAt16k) {
   Case t(c, 21);
   const std::size_t ws = workspace_size(t.args(), Pass::forward, only_cpu());
   EXPECT_LE(ws, static_cast<std::size_t>(threads) * (256u << 10)) << "forward workspace " << ws;
-  g_allocated = 0;
-  g_counting = true;
-  t.run_forward("cpu");
-  g_counting = false;
+  std::size_t allocated = 0;
+  {
+    test::AllocationCount count;
+    t.run_forward("cpu");
+    allocated = count.bytes();
+  }
   const std::size_t score_bytes = std::size_t{16384} * 16384 * 4;
-  EXPECT_LE(g_allocated.load(), ws + (64u << 10)) << "allocated beyond the workspace";
+  EXPECT_LE(allocated, ws + (64u << 10)) << "allocated beyond the workspace";
   // Each thread's share stays below a thousandth of the Lq·Lk score matrix (the workspace is
   // per thread, so the total grows with the thread count, never with Lq·Lk).
-  EXPECT_LT(g_allocated.load() / static_cast<std::size_t>(threads) * 1000, score_bytes)
+  EXPECT_LT(allocated / static_cast<std::size_t>(threads) * 1000, score_bytes)
       << threads << " threads";
   // Spot-check rows against a direct double-precision computation of the same definition.
   const auto drop = dropout_threshold(c.dropout);
@@ -585,11 +538,11 @@ TEST(CpuBackend, MemoryStaysLinearAt16k) {
   tb.run_forward("cpu");
   const std::size_t wsb = workspace_size(tb.args(), Pass::backward, only_cpu());
   EXPECT_LE(wsb, static_cast<std::size_t>(threads) * ((512u << 10) + 4096u * 64 * 4));
-  g_allocated = 0;
-  g_counting = true;
-  tb.run_backward("cpu");
-  g_counting = false;
-  EXPECT_LE(g_allocated.load(), wsb + (64u << 10));
+  {
+    test::AllocationCount count;
+    tb.run_backward("cpu");
+    EXPECT_LE(count.bytes(), wsb + (64u << 10));
+  }
   for (const HostTensor* g : {&tb.dq, &tb.dk, &tb.dv}) {
     for (std::int64_t i = 0; i < g->numel(); i += 97) ASSERT_TRUE(std::isfinite(g->get(i)));
   }
@@ -604,11 +557,11 @@ TEST(CpuBackend, UsesCallerWorkspaceAndRejectsASmallOne) {
   std::vector<std::uint8_t> buf(ws);
   o.workspace = buf.data();
   o.workspace_bytes = ws;
-  g_allocated = 0;
-  g_counting = true;
-  forward(t.args(), t.out.view, t.lse.view, o);
-  g_counting = false;
-  EXPECT_LT(g_allocated.load(), 16u << 10) << "allocated although a workspace was given";
+  {
+    test::AllocationCount count;
+    forward(t.args(), t.out.view, t.lse.view, o);
+    EXPECT_LT(count.bytes(), 16u << 10) << "allocated although a workspace was given";
+  }
   Case r(c, 31);
   r.run_forward("reference");
   expect_close(t.out, r.out, test::forward_tolerance(c.dtype, 150), "out");

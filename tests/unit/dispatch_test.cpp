@@ -116,10 +116,7 @@ struct Call {
         dropout(p),
         with_bias(b) {}
   AttentionArgs args() const {
-    AttentionArgs a;
-    a.q = q.view;
-    a.k = k.view;
-    a.v = v.view;
+    AttentionArgs a = test::attention_args(q, k, v);
     a.dropout_p = dropout;
     if (with_bias) a.bias = bias.view;
     return a;

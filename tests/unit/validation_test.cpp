@@ -20,13 +20,7 @@ using test::HostTensor;
 struct Call {
   HostTensor q{DType::f32, {2, 4, 8, 16}}, k{DType::f32, {2, 2, 10, 16}},
       v{DType::f32, {2, 2, 10, 12}}, out{DType::f32, {2, 4, 8, 12}}, lse{DType::f32, {2, 4, 8}};
-  AttentionArgs args() const {
-    AttentionArgs a;
-    a.q = q.view;
-    a.k = k.view;
-    a.v = v.view;
-    return a;
-  }
+  AttentionArgs args() const { return test::attention_args(q, k, v); }
 };
 
 // Runs `f`, expects memeff::Error with the code, and every fragment in its message.
