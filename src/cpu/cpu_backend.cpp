@@ -130,24 +130,28 @@ class Arena {
 // passes so the two cannot disagree.
 struct Dims {
   std::int64_t D, Dv, Dp, Dvp;  // head dims and their padding to the product quantum
+  // Query rows a forward tile holds: kBrFwd, or Lq when fewer (a 16-row call then takes 25 KiB
+  // of scratch per thread instead of 216 KiB).
+  std::int64_t fwd_rows;
   explicit Dims(const Problem& pb)
       : D(pb.D),
         Dv(pb.Dv),
         Dp(round_up(std::max<std::int64_t>(pb.D, 1), kCpuColumnQuantum)),
-        Dvp(round_up(std::max<std::int64_t>(pb.Dv, 1), kCpuColumnQuantum)) {}
+        Dvp(round_up(std::max<std::int64_t>(pb.Dv, 1), kCpuColumnQuantum)),
+        fwd_rows(std::clamp<std::int64_t>(pb.Lq, 1, kBrFwd)) {}
 };
 
 std::size_t forward_thread_bytes(const Dims& d) {
-  const std::size_t f = 4, w = 8;
-  return Arena::padded(kBrFwd * d.Dp * f)     // Q tile
-         + Arena::padded(d.Dp * kBc * f)      // Kᵀ tile
-         + Arena::padded(kBc * d.Dvp * f)     // V tile
-         + Arena::padded(kBrFwd * kBc * f)    // scores / probabilities
-         + Arena::padded(kBrFwd * d.Dvp * f)  // output accumulator
-         + 2 * Arena::padded(kBrFwd * f)      // running max, running sum
-         + Arena::padded(kBrFwd * w)          // keep-bits
-         + Arena::padded(kBc * f)             // bias row
-         + Arena::padded(d.Dp * f);           // row conversion scratch
+  const std::size_t f = 4, w = 8, r = static_cast<std::size_t>(d.fwd_rows);
+  return Arena::padded(r * d.Dp * f)       // Q tile
+         + Arena::padded(d.Dp * kBc * f)   // Kᵀ tile
+         + Arena::padded(kBc * d.Dvp * f)  // V tile
+         + Arena::padded(r * kBc * f)      // scores / probabilities
+         + Arena::padded(r * d.Dvp * f)    // output accumulator
+         + 2 * Arena::padded(r * f)        // running max, running sum
+         + Arena::padded(r * w)            // keep-bits
+         + Arena::padded(kBc * f)          // bias row
+         + Arena::padded(d.Dp * f);        // row conversion scratch
 }
 
 std::size_t backward_thread_tile_bytes(const Dims& d) {
@@ -166,7 +170,16 @@ std::size_t backward_thread_tile_bytes(const Dims& d) {
          + Arena::padded(2 * std::max(d.Dp, d.Dvp) * f);  // row conversion scratch (two rows)
 }
 
-int max_threads() { return std::max(1, omp_get_max_threads()); }
+// Threads a pass starts: OpenMP's maximum, but no more than its parallel items (query blocks of
+// every head forward, key blocks backward), so a small call neither wakes idle threads nor
+// takes scratch for them.
+int pass_threads(const Problem& pb, Pass pass) {
+  const std::int64_t items = pass == Pass::forward
+                                 ? pb.B * pb.Hq * ((pb.Lq + kBrFwd - 1) / kBrFwd)
+                                 : (pb.Lk + kBc - 1) / kBc;
+  return static_cast<int>(
+      std::clamp<std::int64_t>(items, 1, std::max(1, omp_get_max_threads())));
+}
 
 // Memory for a pass: the caller's workspace when given, else our own (freed on return).
 class Scratch {
@@ -244,7 +257,7 @@ class CpuBackend final : public Backend {
   std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
     if (pb.B == 0) return 0;  // every tensor is empty: nothing to do (sizes may be huge)
     const Dims d(pb);
-    const auto threads = static_cast<std::size_t>(max_threads());
+    const auto threads = static_cast<std::size_t>(pass_threads(pb, pass));
     if (pass == Pass::forward) return kAlign + threads * forward_thread_bytes(d);
     return kAlign + threads * (backward_thread_tile_bytes(d) + dq_partial_bytes(pb, d)) +
            delta_bytes(pb) + dbias_shadow_bytes(pb);
@@ -296,18 +309,18 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
   const std::int64_t items = pb.B * pb.Hq * q_blocks;
   float* lse_data = static_cast<float*>(lse.data);
 
-#pragma omp parallel num_threads(max_threads())
+#pragma omp parallel num_threads(pass_threads(pb, Pass::forward))
   {
     Arena arena(static_cast<std::byte*>(scratch.base()) + per_thread * omp_get_thread_num(),
                 per_thread);
-    float* qs = arena.floats(kBrFwd * d.Dp);
+    float* qs = arena.floats(d.fwd_rows * d.Dp);
     float* kt = arena.floats(d.Dp * kBc);
     float* vs = arena.floats(kBc * d.Dvp);
-    float* s = arena.floats(kBrFwd * kBc);
-    float* o = arena.floats(kBrFwd * d.Dvp);
-    float* m = arena.floats(kBrFwd);
-    float* l = arena.floats(kBrFwd);
-    std::uint64_t* keep = arena.words(kBrFwd);
+    float* s = arena.floats(d.fwd_rows * kBc);
+    float* o = arena.floats(d.fwd_rows * d.Dvp);
+    float* m = arena.floats(d.fwd_rows);
+    float* l = arena.floats(d.fwd_rows);
+    std::uint64_t* keep = arena.words(d.fwd_rows);
     float* brow = arena.floats(kBc);
     float* conv = arena.floats(d.Dp);
     std::fill(vs, vs + kBc * d.Dvp, 0.0f);  // padding columns stay zero
@@ -386,7 +399,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
   const Dims d(pb);
   const std::size_t tile_bytes = backward_thread_tile_bytes(d);
   const std::size_t part_bytes = dq_partial_bytes(pb, d);
-  const int threads = max_threads();
+  const int threads = pass_threads(pb, Pass::backward);
   Scratch scratch(workspace_bytes(pb, Pass::backward), options);
   const TensorView &q = args.q, &k = args.k, &v = args.v;
   const BiasReader bias{args.bias ? &*args.bias : nullptr};
