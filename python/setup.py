@@ -113,6 +113,7 @@ version = project_version()
 
 cxx_sources = sources("src/core/*.cpp", "src/cpu/*.cpp") + [
     os.path.join(HERE, "csrc", "ops.cpp"),
+    os.path.join(HERE, "csrc", "autograd.cpp"),
     os.path.join(HERE, "csrc", "module.cpp"),
 ]
 if not os.path.exists(os.path.join(ROOT, "src", "core", "dispatch.cpp")):

@@ -1,10 +1,12 @@
-// Shared pieces of memeff's torch bindings: views of at::Tensors as memeff::TensorViews, the
-// translation of memeff::Error into torch's Python-visible errors, and the device-independent
-// forward/backward drivers that ops.cpp (CPU) and ops_cuda.cpp (CUDA) call with their stream.
+// Shared pieces of memeff's torch bindings: views of at::Tensors as memeff::TensorViews, outputs
+// allocated in their inputs' layout, the translation of memeff::Error into torch's Python-visible
+// errors, and the device-independent forward/backward drivers that ops.cpp (CPU) and
+// ops_cuda.cpp (CUDA) call with their stream and the call's RNG state.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -21,32 +23,47 @@ memeff::TensorView view_of(const at::Tensor& t, const char* name);
 // The tensor itself when its last dimension is contiguous, else a contiguous copy.
 at::Tensor last_dim_contiguous(const at::Tensor& t);
 
+// A new [B, H, L, last] tensor (sizes from `like`'s first three dimensions) whose dimensions
+// are laid out in memory in the order of `like`'s: a [B, L, H, D]-strided `like` gives a
+// [B, L, H, last]-strided result, so the attention output of a model that views [B, L, H·D]
+// projections as [B, H, L, D] reshapes back without a copy (and so do dq, dk and dv).
+// Dimensions of size 1 or stride 0 count as outermost; ties keep the logical order.
+// python/memeff/torch/__init__.py (_empty_in_layout_of) mirrors this rule for the fake kernels.
+at::Tensor empty_in_layout_of(const at::Tensor& like, std::int64_t last);
+
 // "none", "top_left" or "bottom_right".
-memeff::CausalMode parse_causal(const std::string& causal);
+memeff::CausalMode parse_causal(c10::string_view causal);
 
-// The RNG state a call reads: from a CPU int64[2] tensor (values) or a CUDA one (device pointers,
-// read by the kernels at run time, which is what keeps CUDA-graph replays fresh). No state is
-// needed (and none is read) when dropout_p is 0.
-memeff::RngState rng_of(const std::optional<at::Tensor>& rng_state, double dropout_p,
-                        const at::Tensor& q);
+// The RNG state a call reads, from an int64[2] (seed, offset) tensor: on the CPU its values
+// (for CPU and CUDA calls alike), on the device of q its address (read by the kernels when they
+// run: how a CUDA graph's replays see fresh values). Nothing is read when dropout_p is 0.
+memeff::RngState rng_of(const at::Tensor& rng_state, double dropout_p, const at::Tensor& q);
 
-// Forward on `stream` (null on the CPU): returns (out [B, Hq, Lq, Dv], lse [B, Hq, Lq] fp32).
-std::tuple<at::Tensor, at::Tensor> forward_on(const at::Tensor& q, const at::Tensor& k,
-                                              const at::Tensor& v,
-                                              const std::optional<at::Tensor>& bias,
-                                              const std::optional<at::Tensor>& rng_state,
-                                              double dropout_p, const std::string& causal,
-                                              std::optional<double> scale,
-                                              const std::vector<std::string>& backends,
-                                              void* stream);
+// Whether a forward draws a fresh (seed, offset): dropout on and no state given.
+bool needs_draw(const std::optional<at::Tensor>& rng_state, double dropout_p);
 
-// Backward on `stream`: returns (dq, dk, dv, dbias); dbias is an empty [0] tensor unless
-// `bias_grad` (then it has the bias's own shape, reduced over its broadcast dimensions).
+// The `rng_state` output of a forward that drew nothing (an empty int64 CPU tensor).
+at::Tensor no_state();
+
+// A CPU int64[2] tensor holding (seed, offset): a drawn state outside CUDA-graph capture.
+at::Tensor cpu_state(std::uint64_t seed, std::uint64_t offset);
+
+// The forward op on `stream` (null on the CPU): reads the caller's `rng_state` when given, else
+// `drawn` (a state the device's kernel drew when needs_draw(), else no_state()), and returns
+// (out [B, Hq, Lq, Dv] in q's layout, lse [B, Hq, Lq] fp32, drawn).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, void* stream);
+
+// Backward on `stream`: returns (dq, dk, dv, dbias), dq/dk/dv in the layouts of q/k/v; dbias
+// is an empty [0] tensor unless `bias_grad` (then it has the bias's own shape, reduced over its
+// broadcast dimensions).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, const std::string& causal,
-    std::optional<double> scale, bool bias_grad, const std::vector<std::string>& backends,
-    void* stream);
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends, void* stream);
 
 }  // namespace memeff_torch

@@ -1,6 +1,7 @@
 // The torch.ops.memeff operator library: schemas, the CPU kernels, and the device-independent
-// drivers that turn torch tensors into memeff::TensorViews and call memeff::forward/backward.
-// Autograd and the fake (meta) kernels are registered from Python (memeff/torch.py).
+// drivers that turn torch tensors into memeff::TensorViews and run one memeff::PreparedCall per
+// pass (one decision, the workspace from torch's allocator in between). The autograd kernel is
+// in autograd.cpp; the fake (meta) kernels are registered from Python (memeff/torch).
 // Per-operator headers (not ATen/ATen.h) keep this file quick to compile.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,10 +10,12 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <utility>
 
 #include "bindings.h"
 #include "memeff/dispatch.h"
@@ -46,59 +49,59 @@ memeff::DType dtype_of(const at::Tensor& t, const char* name) {
   }
 }
 
-memeff::Options options_of(const std::vector<std::string>& backends, void* stream) {
-  memeff::Options options;
-  options.backends = backends;
-  options.stream = stream;
-  return options;
+// Decides the pass once, takes the workspace the chosen backend wants from torch's allocator
+// (graph-capture aware on CUDA, so memeff allocates nothing behind torch's back) and runs it.
+memeff::CallInfo run_prepared(memeff::PreparedCall call, const at::Tensor& like) {
+  const std::size_t bytes = call.workspace_bytes();
+  at::Tensor workspace;
+  if (bytes > 0) {
+    workspace = at::empty({static_cast<std::int64_t>(bytes)}, like.options().dtype(at::kByte));
+  }
+  return translate_errors([&] { return call.run(bytes ? workspace.data_ptr() : nullptr, bytes); });
 }
 
-// Scratch for the pass from torch's allocator (graph-capture aware on CUDA), so memeff does not
-// allocate behind torch's back. The tensor must outlive the call; the caller keeps it.
-at::Tensor workspace_for(const memeff::AttentionArgs& args, memeff::Pass pass,
-                         memeff::Options& options, const at::Tensor& like) {
-  const std::size_t bytes = memeff::workspace_size(args, pass, options);
-  if (bytes == 0) return {};
-  at::Tensor workspace =
-      at::empty({static_cast<std::int64_t>(bytes)}, like.options().dtype(at::kByte));
-  options.workspace = workspace.data_ptr();
-  options.workspace_bytes = bytes;
-  return workspace;
-}
-
-struct Prepared {
+// The tensors of a call with their last dimension made contiguous (kept alive for its duration)
+// and the memeff arguments viewing them.
+struct Inputs {
   at::Tensor q, k, v;
   std::optional<at::Tensor> bias;
   memeff::AttentionArgs args;
 };
 
-Prepared prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
-                 double dropout_p, const std::string& causal, std::optional<double> scale) {
+Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const std::optional<at::Tensor>& bias, const at::Tensor& rng_state,
+                 double dropout_p, c10::string_view causal, std::optional<double> scale) {
   TORCH_CHECK_VALUE(q.dim() == 4, "argument `q`: expected a [B, Hq, Lq, D] tensor, got ",
                     q.dim(), " dimensions");
   TORCH_CHECK_VALUE(k.dim() == 4, "argument `k`: expected a [B, Hkv, Lk, D] tensor, got ",
                     k.dim(), " dimensions");
   TORCH_CHECK_VALUE(v.dim() == 4, "argument `v`: expected a [B, Hkv, Lk, Dv] tensor, got ",
                     v.dim(), " dimensions");
-  Prepared p;
-  p.q = last_dim_contiguous(q);
-  p.k = last_dim_contiguous(k);
-  p.v = last_dim_contiguous(v);
-  p.args.q = view_of(p.q, "q");
-  p.args.k = view_of(p.k, "k");
-  p.args.v = view_of(p.v, "v");
+  Inputs in;
+  in.q = last_dim_contiguous(q);
+  in.k = last_dim_contiguous(k);
+  in.v = last_dim_contiguous(v);
+  in.args.q = view_of(in.q, "q");
+  in.args.k = view_of(in.k, "k");
+  in.args.v = view_of(in.v, "v");
   if (bias && bias->defined()) {
     TORCH_CHECK_VALUE(bias->dim() == 4, "argument `bias`: expected 4 dimensions [B|1, Hq|1, "
                       "Lq|1, Lk], got ", bias->dim());
-    p.bias = last_dim_contiguous(*bias);
-    p.args.bias = view_of(*p.bias, "bias");
+    in.bias = last_dim_contiguous(*bias);
+    in.args.bias = view_of(*in.bias, "bias");
   }
-  p.args.scale = scale;
-  p.args.causal = parse_causal(causal);
-  p.args.dropout_p = dropout_p;
-  p.args.rng = rng_of(rng_state, dropout_p, q);
-  return p;
+  in.args.scale = scale;
+  in.args.causal = parse_causal(causal);
+  in.args.dropout_p = dropout_p;
+  in.args.rng = rng_of(rng_state, dropout_p, q);
+  return in;
+}
+
+memeff::Options options_of(std::vector<std::string> backends, void* stream) {
+  memeff::Options options;
+  options.backends = std::move(backends);
+  options.stream = stream;
+  return options;
 }
 
 // A call with nothing to attend or nothing to produce: the documented edge results without
@@ -135,7 +138,30 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.contiguous();
 }
 
-memeff::CausalMode parse_causal(const std::string& causal) {
+at::Tensor empty_in_layout_of(const at::Tensor& like, std::int64_t last) {
+  // Larger is further out in memory; size-1 and broadcast dimensions go outermost.
+  auto outerness = [&](int d) {
+    return like.size(d) == 1 || like.stride(d) == 0 ? std::numeric_limits<std::int64_t>::max()
+                                                    : like.stride(d);
+  };
+  std::array<int, 3> order = {0, 1, 2};  // like's dimensions, outermost first
+  for (int i = 1; i < 3; ++i) {  // insertion sort, stable: ties keep the logical order
+    for (int j = i; j > 0 && outerness(order[j]) > outerness(order[j - 1]); --j) {
+      std::swap(order[j], order[j - 1]);
+    }
+  }
+  const at::TensorOptions options = like.options();
+  if (order == std::array<int, 3>{0, 1, 2}) {
+    return at::empty({like.size(0), like.size(1), like.size(2), last}, options);
+  }
+  at::Tensor storage =
+      at::empty({like.size(order[0]), like.size(order[1]), like.size(order[2]), last}, options);
+  std::array<std::int64_t, 4> logical = {0, 0, 0, 3};  // storage dimension of each logical one
+  for (int i = 0; i < 3; ++i) logical[order[i]] = i;
+  return storage.permute(logical);
+}
+
+memeff::CausalMode parse_causal(c10::string_view causal) {
   if (causal == "none") return memeff::CausalMode::none;
   if (causal == "top_left") return memeff::CausalMode::top_left;
   if (causal == "bottom_right") return memeff::CausalMode::bottom_right;
@@ -143,77 +169,85 @@ memeff::CausalMode parse_causal(const std::string& causal) {
                     "\"bottom_right\", got \"", causal, "\"");
 }
 
-memeff::RngState rng_of(const std::optional<at::Tensor>& rng_state, double dropout_p,
-                        const at::Tensor& q) {
+memeff::RngState rng_of(const at::Tensor& rng_state, double dropout_p, const at::Tensor& q) {
   memeff::RngState rng;
   if (dropout_p == 0.0) return rng;
-  TORCH_CHECK_VALUE(rng_state.has_value() && rng_state->defined(),
-                    "argument `rng_state`: dropout_p = ", dropout_p,
+  TORCH_CHECK_VALUE(rng_state.defined(), "argument `rng_state`: dropout_p = ", dropout_p,
                     " needs the call's RNG state (an int64[2] tensor of seed and offset)");
-  const at::Tensor& s = *rng_state;
+  const at::Tensor& s = rng_state;
   TORCH_CHECK_VALUE(s.scalar_type() == at::kLong && s.numel() == 2 && s.is_contiguous(),
                     "argument `rng_state`: expected a contiguous int64 tensor of 2 elements "
                     "(seed, offset), got ", s.scalar_type(), " ", s.sizes());
-  TORCH_CHECK_VALUE(s.device() == q.device(), "argument `rng_state`: expected it on ", q.device(),
-                    " (the device of q), got ", s.device());
-  if (s.is_cuda()) {
-    const auto* words = reinterpret_cast<const std::uint64_t*>(s.data_ptr<std::int64_t>());
-    rng.device_seed = words;
-    rng.device_offset = words + 1;
-  } else {
+  if (s.is_cpu()) {
     const std::int64_t* words = s.data_ptr<std::int64_t>();
     rng.seed = static_cast<std::uint64_t>(words[0]);
     rng.offset = static_cast<std::uint64_t>(words[1]);
+    return rng;
   }
+  TORCH_CHECK_VALUE(s.device() == q.device(), "argument `rng_state`: expected it on the CPU or on ",
+                    q.device(), " (the device of q), got ", s.device());
+  const auto* words = reinterpret_cast<const std::uint64_t*>(s.data_ptr<std::int64_t>());
+  rng.device_seed = words;
+  rng.device_offset = words + 1;
   return rng;
 }
 
-std::tuple<at::Tensor, at::Tensor> forward_on(const at::Tensor& q, const at::Tensor& k,
-                                              const at::Tensor& v,
-                                              const std::optional<at::Tensor>& bias,
-                                              const std::optional<at::Tensor>& rng_state,
-                                              double dropout_p, const std::string& causal,
-                                              std::optional<double> scale,
-                                              const std::vector<std::string>& backends,
-                                              void* stream) {
-  Prepared p = prepare(q, k, v, bias, rng_state, dropout_p, causal, scale);
-  const std::int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), Dv = v.size(3);
-  at::Tensor out = at::empty({B, Hq, Lq, Dv}, q.options());
-  at::Tensor lse = at::empty({B, Hq, Lq}, q.options().dtype(at::kFloat));
+bool needs_draw(const std::optional<at::Tensor>& rng_state, double dropout_p) {
+  return dropout_p > 0.0 && !(rng_state && rng_state->defined());
+}
+
+at::Tensor no_state() { return at::empty({0}, at::TensorOptions().dtype(at::kLong)); }
+
+at::Tensor cpu_state(std::uint64_t seed, std::uint64_t offset) {
+  at::Tensor state = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  state.data_ptr<std::int64_t>()[0] = static_cast<std::int64_t>(seed);
+  state.data_ptr<std::int64_t>()[1] = static_cast<std::int64_t>(offset);
+  return state;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, void* stream) {
+  const bool given = rng_state && rng_state->defined();
+  const Inputs in =
+      inputs_of(q, k, v, bias, given ? *rng_state : drawn, dropout_p, causal, scale);
+  at::Tensor out = empty_in_layout_of(q, v.size(3));
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   if (is_empty_problem(q, k)) {
     // Validation still runs (memeff names bad arguments); then the edge semantics: a row that
     // sees no key gives out = 0 and lse = -inf.
-    translate_errors([&] { memeff::validate_inputs(p.args); });
+    translate_errors([&] { memeff::validate_inputs(in.args); });
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
-    return {out, lse};
+    return {std::move(out), std::move(lse), std::move(drawn)};
   }
-  translate_errors([&] {
-    memeff::Options options = options_of(backends, stream);
-    at::Tensor workspace = workspace_for(p.args, memeff::Pass::forward, options, q);
-    const memeff::CallInfo info =
-        memeff::forward(p.args, view_of(out, "out"), view_of(lse, "lse"), options);
-    remember_backend(g_last_forward_backend, info.backend);
+  memeff::PreparedCall call = translate_errors([&] {
+    return memeff::PreparedCall::forward(in.args, view_of(out, "out"), view_of(lse, "lse"),
+                                         options_of(std::move(backends), stream));
   });
-  return {out, lse};
+  remember_backend(g_last_forward_backend, run_prepared(std::move(call), q).backend);
+  return {std::move(out), std::move(lse), std::move(drawn)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, const std::string& causal,
-    std::optional<double> scale, bool bias_grad, const std::vector<std::string>& backends,
-    void* stream) {
-  Prepared p = prepare(q, k, v, bias, rng_state, dropout_p, causal, scale);
-  TORCH_CHECK_VALUE(!bias_grad || p.bias.has_value(),
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends, void* stream) {
+  const at::Tensor no_rng;
+  const Inputs in = inputs_of(q, k, v, bias, rng_state ? *rng_state : no_rng, dropout_p, causal,
+                              scale);
+  TORCH_CHECK_VALUE(!bias_grad || in.bias.has_value(),
                     "argument `bias_grad`: true, but the call has no bias");
-  at::Tensor dq = at::empty(q.sizes(), q.options());
-  at::Tensor dk = at::empty(k.sizes(), k.options());
-  at::Tensor dv = at::empty(v.sizes(), v.options());
-  at::Tensor dbias = bias_grad ? at::empty(p.bias->sizes(), p.bias->options())
+  at::Tensor dq = empty_in_layout_of(q, q.size(3));
+  at::Tensor dk = empty_in_layout_of(k, k.size(3));
+  at::Tensor dv = empty_in_layout_of(v, v.size(3));
+  at::Tensor dbias = bias_grad ? at::empty(in.bias->sizes(), in.bias->options())
                                : at::empty({0}, q.options());
   if (is_empty_problem(q, k)) {
-    translate_errors([&] { memeff::validate_inputs(p.args); });
+    translate_errors([&] { memeff::validate_inputs(in.args); });
     dq.zero_();
     dk.zero_();
     dv.zero_();
@@ -222,48 +256,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
   }
   const at::Tensor dout_c = last_dim_contiguous(dout);
   const at::Tensor out_c = last_dim_contiguous(out);
-  translate_errors([&] {
-    memeff::BackwardTensors grads;
-    grads.dout = view_of(dout_c, "dout");
-    grads.out = view_of(out_c, "out");
-    grads.lse = view_of(lse, "lse");
-    grads.dq = view_of(dq, "dq");
-    grads.dk = view_of(dk, "dk");
-    grads.dv = view_of(dv, "dv");
-    if (bias_grad) grads.dbias = view_of(dbias, "dbias");
-    memeff::Options options = options_of(backends, stream);
-    at::Tensor workspace = workspace_for(p.args, memeff::Pass::backward, options, q);
-    const memeff::CallInfo info = memeff::backward(p.args, grads, options);
-    remember_backend(g_last_backward_backend, info.backend);
+  memeff::BackwardTensors grads;
+  grads.dout = view_of(dout_c, "dout");
+  grads.out = view_of(out_c, "out");
+  grads.lse = view_of(lse, "lse");
+  grads.dq = view_of(dq, "dq");
+  grads.dk = view_of(dk, "dk");
+  grads.dv = view_of(dv, "dv");
+  if (bias_grad) grads.dbias = view_of(dbias, "dbias");
+  memeff::PreparedCall call = translate_errors([&] {
+    return memeff::PreparedCall::backward(in.args, grads, options_of(std::move(backends), stream));
   });
+  remember_backend(g_last_backward_backend, run_prepared(std::move(call), q).backend);
   return {dq, dk, dv, dbias};
 }
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v,
-                                           const std::optional<at::Tensor>& bias,
-                                           const std::optional<at::Tensor>& rng_state,
-                                           double dropout_p, c10::string_view causal,
-                                           std::optional<double> scale,
-                                           std::vector<std::string> backends) {
-  return forward_on(q, k, v, bias, rng_state, dropout_p, std::string(causal), scale, backends,
-                    nullptr);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends) {
-  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, std::string(causal),
-                     scale, bias_grad, backends, nullptr);
-}
-
 // Seed and offset for a CPU call, drawn from torch's CPU generator (the default one unless the
 // caller passes its own), so torch.manual_seed decides the mask.
-at::Tensor draw_rng_state_cpu(const at::Tensor& like, std::optional<at::Generator> generator) {
+at::Tensor draw_cpu_state(const std::optional<at::Generator>& generator) {
   auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(
       generator, at::detail::getDefaultCPUGenerator());
   std::uint64_t seed = 0, offset = 0;
@@ -272,10 +284,26 @@ at::Tensor draw_rng_state_cpu(const at::Tensor& like, std::optional<at::Generato
     seed = gen->random64();
     offset = gen->random64();
   }
-  at::Tensor state = at::empty({2}, like.options().dtype(at::kLong));
-  state.data_ptr<std::int64_t>()[0] = static_cast<std::int64_t>(seed);
-  state.data_ptr<std::int64_t>()[1] = static_cast<std::int64_t>(offset);
-  return state;
+  return cpu_state(seed, offset);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+  return forward_on(q, k, v, bias, rng_state,
+                    needs_draw(rng_state, dropout_p) ? draw_cpu_state(generator) : no_state(),
+                    dropout_p, causal, scale, std::move(backends), nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends) {
+  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale,
+                     bias_grad, std::move(backends), nullptr);
 }
 
 // The 0/1 keep decisions of a call with this RNG state, as a bool [B, H, Lq, Lk] CPU tensor.
@@ -325,19 +353,22 @@ std::vector<std::string> backend_names_op() { return memeff::backend_names(); }
 
 TORCH_LIBRARY(memeff, m) {
   m.set_python_module("memeff.torch");
-  // Attention forward: out [B, Hq, Lq, Dv] and lse [B, Hq, Lq] (fp32). `rng_state` is the
-  // int64[2] (seed, offset) of draw_rng_state; it may be None when dropout_p is 0.
+  // Attention forward: out [B, Hq, Lq, Dv] in q's memory layout, lse [B, Hq, Lq] (fp32) and
+  // the (seed, offset) it drew. With dropout and no `rng_state` it draws a fresh pair from
+  // `generator` (default: the device's default generator) and returns it as an int64[2] tensor:
+  // on the CPU (values), or on the device under CUDA-graph capture (written when the graph
+  // runs). Otherwise the third output is an empty int64 tensor.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? rng_state, float dropout_p, "
-      "str causal, float? scale, str[] backends) -> (Tensor out, Tensor lse)");
-  // Attention backward: dq, dk, dv and dbias (an empty [0] tensor unless bias_grad).
+      "str causal, float? scale, str[] backends, Generator? generator=None) -> "
+      "(Tensor out, Tensor lse, Tensor rng_state)",
+      {at::Tag::nondeterministic_seeded});
+  // Attention backward: dq, dk, dv in the layouts of q, k, v and dbias (an empty [0] tensor
+  // unless bias_grad); rng_state is the forward's (on the CPU or the device).
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor out, Tensor lse, "
       "Tensor? rng_state, float dropout_p, str causal, float? scale, bool bias_grad, "
       "str[] backends) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
-  // A fresh (seed, offset) from torch's generator for the device of `like`.
-  m.def("draw_rng_state(Tensor like, Generator? generator=None) -> Tensor",
-        {at::Tag::nondeterministic_seeded});
   m.def("dropout_mask(Tensor rng_state, int[] shape, float dropout_p) -> Tensor");
   m.def("dropout_threshold(float dropout_p) -> (int, float, float)",
         &memeff_torch::dropout_threshold_op);
@@ -349,6 +380,5 @@ TORCH_LIBRARY(memeff, m) {
 TORCH_LIBRARY_IMPL(memeff, CPU, m) {
   m.impl("fwd", &memeff_torch::fwd_cpu);
   m.impl("bwd", &memeff_torch::bwd_cpu);
-  m.impl("draw_rng_state", &memeff_torch::draw_rng_state_cpu);
   m.impl("dropout_mask", &memeff_torch::dropout_mask_cpu);
 }

@@ -1,7 +1,9 @@
 // The CUDA kernels of torch.ops.memeff: forward/backward on torch's current stream of the
-// inputs' device, and draw_rng_state from torch's CUDA generator the graph-safe way PyTorch's own
-// fused attention does (philox_cuda_state under the generator's mutex; under capture the offset
-// lives in device memory and rng_state.cu resolves it when the graph runs).
+// inputs' device. A forward with dropout draws its (seed, offset) from torch's CUDA generator
+// the graph-safe way PyTorch's own fused attention does (philox_cuda_state under the generator's
+// mutex): outside capture the values go straight to the kernels and come back as a CPU tensor,
+// with no launch of their own; under capture they live in device memory and rng_state.cu
+// resolves them when the graph runs.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -12,6 +14,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "bindings.h"
 #include "rng_state.h"
@@ -27,16 +30,34 @@ void* current_stream(const at::Tensor& t) {
   return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.get_device()).stream());
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k,
-                                            const at::Tensor& v,
-                                            const std::optional<at::Tensor>& bias,
-                                            const std::optional<at::Tensor>& rng_state,
-                                            double dropout_p, c10::string_view causal,
-                                            std::optional<double> scale,
-                                            std::vector<std::string> backends) {
+at::Tensor draw_cuda_state(const at::Tensor& q, const std::optional<at::Generator>& generator) {
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      generator, at::cuda::detail::getDefaultCUDAGenerator(q.get_device()));
+  at::PhiloxCudaState philox;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    philox = gen->philox_cuda_state(kOffsetIncrement);
+  }
+  if (!philox.captured_) return cpu_state(philox.seed_.val, philox.offset_.val);
+  at::Tensor state = at::empty({2}, q.options().dtype(at::kLong));
+  const cudaError_t err = launch_write_captured_rng_state(
+      philox.seed_.ptr, philox.offset_.ptr, static_cast<std::uint64_t>(philox.offset_intragraph_),
+      reinterpret_cast<std::uint64_t*>(state.data_ptr<std::int64_t>()),
+      c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "memeff: launching the rng_state kernel failed: ",
+              cudaGetErrorString(err));
+  return state;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, std::optional<at::Generator> generator) {
   const c10::cuda::CUDAGuard guard(q.device());
-  return forward_on(q, k, v, bias, rng_state, dropout_p, std::string(causal), scale, backends,
-                    current_stream(q));
+  return forward_on(q, k, v, bias, rng_state,
+                    needs_draw(rng_state, dropout_p) ? draw_cuda_state(q, generator) : no_state(),
+                    dropout_p, causal, scale, std::move(backends), current_stream(q));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
@@ -45,30 +66,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, bool bias_grad, std::vector<std::string> backends) {
   const c10::cuda::CUDAGuard guard(q.device());
-  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, std::string(causal),
-                     scale, bias_grad, backends, current_stream(q));
-}
-
-at::Tensor draw_rng_state_cuda(const at::Tensor& like, std::optional<at::Generator> generator) {
-  const c10::cuda::CUDAGuard guard(like.device());
-  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
-      generator, at::cuda::detail::getDefaultCUDAGenerator(like.get_device()));
-  at::PhiloxCudaState philox;
-  {
-    std::lock_guard<std::mutex> lock(gen->mutex_);
-    philox = gen->philox_cuda_state(kOffsetIncrement);
-  }
-  at::Tensor state = at::empty({2}, like.options().dtype(at::kLong));
-  const cudaError_t err = launch_write_rng_state(
-      philox.captured_, philox.captured_ ? 0 : philox.seed_.val,
-      philox.captured_ ? philox.seed_.ptr : nullptr, philox.captured_ ? 0 : philox.offset_.val,
-      philox.captured_ ? philox.offset_.ptr : nullptr,
-      static_cast<std::uint64_t>(philox.offset_intragraph_),
-      reinterpret_cast<std::uint64_t*>(state.data_ptr<std::int64_t>()),
-      c10::cuda::getCurrentCUDAStream(like.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, "memeff: launching the rng_state kernel failed: ",
-              cudaGetErrorString(err));
-  return state;
+  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale,
+                     bias_grad, std::move(backends), current_stream(q));
 }
 
 }  // namespace
@@ -77,5 +76,4 @@ at::Tensor draw_rng_state_cuda(const at::Tensor& like, std::optional<at::Generat
 TORCH_LIBRARY_IMPL(memeff, CUDA, m) {
   m.impl("fwd", &memeff_torch::fwd_cuda);
   m.impl("bwd", &memeff_torch::bwd_cuda);
-  m.impl("draw_rng_state", &memeff_torch::draw_rng_state_cuda);
 }

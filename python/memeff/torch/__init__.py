@@ -1,25 +1,32 @@
 """memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff.
 
-The ops (``torch.ops.memeff.fwd``, ``.bwd``, ``.draw_rng_state``, ``.dropout_mask``) are
-registered in C++ (memeff._C) for CPU and CUDA tensors; this module registers their autograd
-formula and fake (meta) kernels, so they work under autograd, CUDA-graph capture and
-``torch.compile(fullgraph=True)``.
+The ops (``torch.ops.memeff.fwd``, ``.bwd``, ``.dropout_mask``, ...) and the autograd kernel of
+``fwd`` are registered in C++ (memeff._C), so a forward and backward run without Python between
+the call and the kernels; this module registers their fake (meta) kernels, so they also work
+under ``torch.compile(fullgraph=True)``, and CUDA-graph capture works as for eager calls.
+
+Outputs take their inputs' memory layout: ``out`` is laid out like ``query`` (a [B, L, H, D]
+storage viewed as [B, H, L, D] gives an ``out`` of that layout, which ``transpose(1, 2)`` makes
+contiguous again), and dq, dk, dv like q, k, v, so models that view [B, L, H·D] projections as
+heads need no copies around the attention.
 
 Dropout randomness comes from torch's own generators: ``torch.manual_seed`` (or a
-``generator=``) decides the mask. Each call with dropout draws one (seed, offset) pair into an
-int64[2] ``rng_state`` tensor (on CUDA, in the graph-safe way PyTorch's fused kernels use, so a
-replayed CUDA graph draws a fresh mask each replay), and the backward regenerates the same mask
-from it. ``dropout_mask(shape, p, rng_state)`` returns the 0/1 mask a call used.
+``generator=``) decides the mask. With dropout, the forward op draws one (seed, offset) pair, in
+the graph-safe way PyTorch's fused kernels use (so a replayed CUDA graph draws a fresh mask each
+replay), and the backward regenerates the same mask from it. ``dropout_mask(shape, p,
+rng_state)`` returns the 0/1 mask a call used. ``memeff.torch.hf`` plugs memeff into Hugging Face
+transformers.
 """
 
 import contextlib
+import math
 import threading
 from collections import namedtuple
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _C  # noqa: F401  (loading the library registers torch.ops.memeff)
+from .. import _C  # noqa: F401  (loading the library registers torch.ops.memeff)
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -43,7 +50,10 @@ _backend_order: Tuple[str, ...] = ()
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:
+        # The latest eager call's state as the op returned it (on the CPU for a CUDA call outside
+        # graph capture) and the device of its query, which last_rng_state() returns it on.
         self.last_rng_state: Optional[torch.Tensor] = None
+        self.last_device: Optional[torch.device] = None
 
 
 _thread_state = _ThreadState()
@@ -52,60 +62,48 @@ DropoutThreshold = namedtuple("DropoutThreshold", ["threshold", "p_effective", "
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake (meta) kernels: shapes and dtypes only, for torch.compile and FakeTensor tracing. They
-# mirror the real kernels, which return fresh contiguous tensors.
+# Fake (meta) kernels: shapes, dtypes and strides only, for torch.compile and FakeTensor tracing.
+# They mirror the real kernels (python/csrc/ops.cpp), strides included: out and dq/dk/dv in the
+# layouts of q and q/k/v, lse contiguous, the drawn rng_state an int64[2] CPU tensor.
+
+
+def _empty_in_layout_of(like: torch.Tensor, last) -> torch.Tensor:
+    """A new [B, H, L, last] tensor whose first three dimensions lie in memory in the order of
+    like's (outermost first by stride; size-1 and broadcast dimensions outermost; ties keep the
+    logical order): the rule of empty_in_layout_of in python/csrc/ops.cpp."""
+    def outerness(d):
+        return math.inf if like.shape[d] == 1 or like.stride(d) == 0 else like.stride(d)
+
+    order = sorted(range(3), key=outerness, reverse=True)  # stable, also reversed
+    if order == [0, 1, 2]:
+        return like.new_empty((like.shape[0], like.shape[1], like.shape[2], last))
+    storage = like.new_empty((like.shape[order[0]], like.shape[order[1]], like.shape[order[2]],
+                              last))
+    logical = [0, 0, 0, 3]
+    for position, d in enumerate(order):
+        logical[d] = position
+    return storage.permute(logical)
 
 
 @torch.library.register_fake("memeff::fwd")
-def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends):
-    batch, heads, queries = q.shape[0], q.shape[1], q.shape[2]
-    out = q.new_empty((batch, heads, queries, v.shape[3]))
-    lse = q.new_empty((batch, heads, queries), dtype=torch.float32)
-    return out, lse
+def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, generator=None):
+    out = _empty_in_layout_of(q, v.shape[3])
+    lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+    drawn = 2 if dropout_p > 0 and rng_state is None else 0
+    return out, lse, torch.empty((drawn,), dtype=torch.int64, device="cpu")
 
 
 @torch.library.register_fake("memeff::bwd")
 def _bwd_fake(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
               backends):
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty((0,))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
-
-
-@torch.library.register_fake("memeff::draw_rng_state")
-def _draw_rng_state_fake(like, generator=None):
-    return like.new_empty((2,), dtype=torch.int64)
+    return (_empty_in_layout_of(q, q.shape[3]), _empty_in_layout_of(k, k.shape[3]),
+            _empty_in_layout_of(v, v.shape[3]), dbias)
 
 
 @torch.library.register_fake("memeff::dropout_mask")
 def _dropout_mask_fake(rng_state, shape, dropout_p):
     return torch.empty(shape, dtype=torch.bool, device=rng_state.device)
-
-
-# ---------------------------------------------------------------------------------------------
-# Autograd: the forward saves what memeff's backward needs (inputs, out, lse and the RNG state,
-# from which the backward regenerates the forward's dropout mask).
-
-
-def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, bias, rng_state, dropout_p, causal, scale, backends = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, bias, rng_state, out, lse)
-    ctx.dropout_p = dropout_p
-    ctx.causal = causal
-    ctx.scale = scale
-    ctx.backends = list(backends)
-    ctx.mark_non_differentiable(lse)
-
-
-def _fwd_backward(ctx, dout, _dlse):
-    q, k, v, bias, rng_state, out, lse = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = _ops.bwd(dout, q, k, v, bias, out, lse, rng_state, ctx.dropout_p,
-                                 ctx.causal, ctx.scale, bias_grad, ctx.backends)
-    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None
-
-
-torch.library.register_autograd("memeff::fwd", _fwd_backward, setup_context=_fwd_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,16 +139,23 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
     (broadcast from the right; a boolean mask keeps True and drops False)."""
     if attn_mask is None:
         return None
-    if attn_mask.dtype == torch.bool:
-        bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device)
-        bias = bias.masked_fill(attn_mask.logical_not(), float("-inf"))
-    elif attn_mask.dtype == q.dtype or attn_mask.dtype == torch.float32:
-        bias = attn_mask
-    elif attn_mask.is_floating_point():
-        bias = attn_mask.to(q.dtype)
-    else:
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
         raise TypeError(f"memeff: argument `attn_mask`: expected a bool or floating-point mask, "
                         f"got {attn_mask.dtype}")
+    bias = attn_mask
+    # A dimension broadcast by expand (stride 0, e.g. transformers' [B, 1, Lq, Lk] padding mask
+    # expanded from [B, 1, 1, Lk]) is read once: memeff broadcasts size-1 dimensions itself, so
+    # nothing of size Lq (or H, B) is materialized. The gradient of such a mask still comes out
+    # right: the expand's backward sums what flows into its one row.
+    for d in range(bias.dim() - 1):
+        if bias.stride(d) == 0 and bias.shape[d] > 1:
+            bias = bias.narrow(d, 0, 1)
+    if bias.dtype == torch.bool:
+        bias = torch.where(bias, 0.0, float("-inf"))  # one kernel; an fp32 bias is accepted
+        if bias.dtype != torch.float32:  # torch's default dtype was changed
+            bias = bias.float()
+    elif bias.dtype != q.dtype and bias.dtype != torch.float32:
+        bias = bias.to(q.dtype)
     if bias.dim() > rank:
         raise ValueError(f"memeff: argument `attn_mask`: {bias.dim()} dimensions do not "
                          f"broadcast to the {rank}-dimensional attention scores")
@@ -191,8 +196,12 @@ def scaled_dot_product_attention(
       causal: "top_left" (= is_causal), "bottom_right" (the last query sees every key, as in
         decoding with a KV cache) or None; unlike is_causal it may be combined with attn_mask.
       generator: the torch.Generator dropout draws from (default: the device's default one).
-      rng_state: replay a previous call's mask by passing its rng_state instead of drawing.
-      return_rng_state: return (out, rng_state); rng_state is None when dropout_p is 0.
+      rng_state: replay a previous call's mask by passing its rng_state instead of drawing (an
+        int64[2] tensor of seed and offset, on the CPU or on the device of query).
+      return_rng_state: return (out, rng_state), rng_state on the device of query (None when
+        dropout_p is 0).
+
+    out has query's memory layout (see the module's docstring).
 
     memeff quantizes p to 8 bits (see dropout_threshold); kept values are scaled by
     1/(1 - p_effective), so the expectation is exact.
@@ -209,16 +218,20 @@ def scaled_dot_product_attention(
                            f"pass enable_gqa=True for grouped-query attention (as in torch)")
     bias = _bias_of_mask(attn_mask, q, rank, k.shape[2])
     p = float(dropout_p)
-    state = None
-    if p > 0.0:
-        state = rng_state if rng_state is not None else _ops.draw_rng_state(q.detach(), generator)
-    out, _ = _ops.fwd(q, k, v, bias, state, p, mode, None if scale is None else float(scale),
-                      list(_backend_order))
+    # One op: it draws the dropout state itself when p > 0 and none is given.
+    out, _, drawn = _ops.fwd(q, k, v, bias, rng_state, p, mode,
+                             None if scale is None else float(scale), _backend_order, generator)
+    state = rng_state if rng_state is not None else (drawn if p > 0.0 else None)
     if not torch.compiler.is_compiling():
         _thread_state.last_rng_state = state
+        _thread_state.last_device = q.device
     if rank == 3:
         out = out.squeeze(1)
-    return (out, state) if return_rng_state else out
+    if not return_rng_state:
+        return out
+    if state is not None and state.device != q.device:
+        state = state.to(q.device)
+    return out, state
 
 
 def dropout_mask(shape: Sequence[int], dropout_p: float, rng_state: torch.Tensor) -> torch.Tensor:
@@ -244,9 +257,13 @@ def dropout_threshold(dropout_p: float) -> DropoutThreshold:
 
 
 def last_rng_state() -> Optional[torch.Tensor]:
-    """The rng_state of this thread's latest eager scaled_dot_product_attention call (None if it
-    had no dropout). Under CUDA-graph capture it is the graph's tensor, rewritten each replay."""
-    return _thread_state.last_rng_state
+    """The rng_state of this thread's latest eager scaled_dot_product_attention call, on the
+    device of its query (None if it had no dropout). Under CUDA-graph capture it is the graph's
+    tensor, rewritten each replay."""
+    state, device = _thread_state.last_rng_state, _thread_state.last_device
+    if state is None or state.device == device:
+        return state
+    return state.to(device)
 
 
 def last_backends() -> Tuple[str, str]:

@@ -1,0 +1,124 @@
+// The autograd kernel of memeff::fwd, in C++ so that a training step's attention runs without
+// Python between the user's call and the kernels: the forward op (below autograd) draws the
+// dropout state itself, and the saved inputs, out, lse and that state feed memeff::bwd, which
+// regenerates the forward's mask. Registered for the Autograd key, so torch.compile traces it
+// (the ops themselves through their fake kernels) like one of torch's own fused attention ops.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace memeff_torch {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using FwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>,
+    std::vector<std::string>, std::optional<at::Generator>);
+using BwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>, bool,
+    std::vector<std::string>);
+
+const c10::TypedOperatorHandle<FwdSchema>& fwd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("memeff::fwd", "").typed<FwdSchema>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<BwdSchema>& bwd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("memeff::bwd", "").typed<BwdSchema>();
+  return op;
+}
+
+std::optional<at::Tensor> defined_or_none(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// Forward inputs, in order: q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
+// generator; outputs: out, lse, the drawn rng_state (lse and the state are not differentiable).
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static constexpr std::size_t kInputs = 10;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& rng_state, double dropout_p,
+                               c10::string_view causal, std::optional<double> scale,
+                               std::vector<std::string> backends,
+                               std::optional<at::Generator> generator) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, lse, drawn] = fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale,
+                                           backends, std::move(generator));
+    const bool given = rng_state.has_value() && rng_state->defined();
+    ctx->save_for_backward({q, k, v, bias.value_or(at::Tensor()), out, lse,
+                            dropout_p > 0.0 ? (given ? *rng_state : drawn) : at::Tensor()});
+    ctx->mark_non_differentiable({lse, drawn});
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["causal"] = std::string(causal);
+    if (scale) ctx->saved_data["scale"] = *scale;
+    if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
+    return {std::move(out), std::move(lse), std::move(drawn)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    variable_list grads(kInputs);  // undefined: no gradient (also for the non-tensor inputs)
+    const at::Tensor& dout = grad_outputs[0];
+    if (!dout.defined()) return grads;  // out did not reach the loss
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& bias = saved[3];
+    // needs_input_grad counts tensor inputs only: q, k, v, then the bias (when given) is 3.
+    const bool bias_grad = bias.defined() && ctx->needs_input_grad(3);
+    const auto& data = ctx->saved_data;
+    const auto scale = data.find("scale");
+    const auto backends = data.find("backends");
+    const std::string causal = data.at("causal").toStringRef();
+    auto [dq, dk, dv, dbias] = bwd_op().call(
+        dout, saved[0], saved[1], saved[2], defined_or_none(bias), saved[4], saved[5],
+        defined_or_none(saved[6]), data.at("dropout_p").toDouble(), causal,
+        scale == data.end() ? std::nullopt : std::optional<double>(scale->second.toDouble()),
+        bias_grad,
+        backends == data.end() ? std::vector<std::string>()
+                               : backends->second.to<std::vector<std::string>>());
+    grads[0] = std::move(dq);
+    grads[1] = std::move(dk);
+    grads[2] = std::move(dv);
+    if (bias_grad) grads[3] = std::move(dbias);
+    return grads;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+  // Nothing to differentiate (inference, no_grad, or inputs without grad): no graph node, as
+  // torch's generated autograd kernels skip theirs.
+  const bool bias_grad = bias.has_value() && bias->defined() && bias->requires_grad();
+  if (!at::GradMode::is_enabled() ||
+      !(q.requires_grad() || k.requires_grad() || v.requires_grad() || bias_grad)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale, std::move(backends),
+                         std::move(generator));
+  }
+  variable_list outputs = AttentionFunction::apply(q, k, v, bias, rng_state, dropout_p, causal,
+                                                   scale, std::move(backends),
+                                                   std::move(generator));
+  return {std::move(outputs[0]), std::move(outputs[1]), std::move(outputs[2])};
+}
+
+}  // namespace
+}  // namespace memeff_torch
+
+TORCH_LIBRARY_IMPL(memeff, Autograd, m) { m.impl("fwd", &memeff_torch::fwd_autograd); }
