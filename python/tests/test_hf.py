@@ -1,0 +1,198 @@
+# memeff as a Hugging Face transformers attention implementation (memeff.torch.hf), on tiny
+# random models: a BERT-style encoder with padding, Llama-style decoders with GQA, causal and
+# padding masks (and Mistral's sliding window), outputs and gradients against transformers'
+# "sdpa" implementation; attention dropout following the module's training mode; padding masks
+# passed without a [B, H, Lq, Lk] bias; no copies around the attention in a training step.
+# Skipped where transformers is not importable.
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import memeff.torch as mt  # noqa: E402
+import memeff.torch.hf as mhf  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+mhf.register()
+
+# Large initial weights, so that the attention visibly moves the outputs (with the default
+# std of 0.02 it barely does, and any attention would pass).
+INIT = 0.3
+
+
+def bert_config(dropout=0.0):
+    return transformers.BertConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=128,
+                                   max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=dropout, initializer_range=INIT)
+
+
+def llama_config(**extra):
+    return transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=64,
+                                    initializer_range=INIT, **extra)
+
+
+def mistral_config():
+    return transformers.MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=1, max_position_embeddings=64,
+                                      sliding_window=5, initializer_range=INIT)
+
+
+def pair(model_class, config, device):
+    """The same random model with transformers' sdpa attention and with memeff's (each with its
+    own copy of the config, where transformers records the implementation)."""
+    models = []
+    for implementation in ("sdpa", mhf.NAME):
+        torch.manual_seed(0)
+        model = model_class._from_config(copy.deepcopy(config), attn_implementation=implementation)
+        assert model.config._attn_implementation == implementation
+        models.append(model.to(device))
+    return models
+
+
+def inputs(device, batch=2, length=14, pad=None):
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (batch, length), generator=gen)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if pad == "right":
+        mask[1, length - 5:] = 0
+    elif pad == "left":
+        mask[1, :4] = 0
+    return ids.to(device), mask.to(device)
+
+
+def compare(reference, model, ids, mask, output):
+    """Outputs and parameter gradients of the two models on the same batch."""
+    results = []
+    for m in (reference, model):
+        m.zero_grad(set_to_none=True)
+        y = getattr(m(input_ids=ids, attention_mask=mask), output)
+        # Padded query rows see keys too, but only the real tokens matter to a model.
+        y = y * mask.unsqueeze(-1).to(y.dtype)
+        y.square().mean().backward()
+        results.append((y.detach(), {n: p.grad for n, p in m.named_parameters()
+                                     if p.grad is not None}))
+    (y_ref, g_ref), (y, g) = results
+    torch.testing.assert_close(y, y_ref, rtol=2e-4, atol=2e-4)
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=2e-3, atol=2e-4,
+                                   msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+
+@pytest.mark.parametrize("pad", [None, "right"])
+def test_encoder_matches_sdpa(device, pad):
+    reference, model = pair(transformers.BertModel, bert_config(), device)
+    ids, mask = inputs(device, pad=pad)
+    compare(reference, model, ids, mask, "last_hidden_state")
+
+
+@pytest.mark.parametrize("pad", [None, "left"])
+def test_decoder_with_gqa_matches_sdpa(device, pad):
+    reference, model = pair(transformers.LlamaForCausalLM, llama_config(), device)
+    ids, mask = inputs(device, pad=pad)
+    compare(reference, model, ids, mask, "logits")
+
+
+def test_sliding_window_decoder_matches_sdpa(device):
+    reference, model = pair(transformers.MistralForCausalLM, mistral_config(), device)
+    ids, mask = inputs(device, length=12)
+    compare(reference, model, ids, mask, "logits")
+
+
+class Recorder:
+    """Wraps memeff.torch.hf's call of scaled_dot_product_attention and records its arguments
+    (and the bias memeff makes of the mask)."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.biases = [], []
+        sdpa, bias_of_mask = mhf.scaled_dot_product_attention, mt._bias_of_mask
+
+        def recording_sdpa(q, k, v, **kwargs):
+            self.calls.append((q.shape, k.shape, kwargs))
+            return sdpa(q, k, v, **kwargs)
+
+        def recording_bias(*args):
+            bias = bias_of_mask(*args)
+            self.biases.append(bias)
+            return bias
+
+        monkeypatch.setattr(mhf, "scaled_dot_product_attention", recording_sdpa)
+        monkeypatch.setattr(mt, "_bias_of_mask", recording_bias)
+
+
+def test_dropout_follows_the_training_mode(device, monkeypatch):
+    recorder = Recorder(monkeypatch)
+    torch.manual_seed(0)
+    model = transformers.BertModel._from_config(bert_config(dropout=0.25),
+                                                attn_implementation=mhf.NAME).to(device)
+    ids, mask = inputs(device)
+    model.train()
+    a = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    b = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert [c[2]["dropout_p"] for c in recorder.calls] == [0.25] * 4
+    assert not torch.allclose(a, b), "training-mode calls drew the same dropout masks"
+    recorder.calls.clear()
+    model.eval()
+    c = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    d = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert [call[2]["dropout_p"] for call in recorder.calls] == [0.0] * 4
+    assert torch.equal(c, d)
+
+
+def test_padding_masks_are_not_expanded_over_heads(device, monkeypatch):
+    recorder = Recorder(monkeypatch)
+    B, L = 2, 14
+    _, encoder = pair(transformers.BertModel, bert_config(), device)
+    ids, mask = inputs(device, pad="right")
+    encoder(input_ids=ids, attention_mask=mask)
+    # An encoder's padding mask reaches memeff as one row of keys per batch element.
+    assert [tuple(b.shape) for b in recorder.biases] == [(B, 1, 1, L)] * 2
+    assert all(c[2]["causal"] is None for c in recorder.calls)
+
+    recorder.calls.clear()
+    recorder.biases.clear()
+    _, decoder = pair(transformers.LlamaForCausalLM, llama_config(), device)
+    decoder(input_ids=ids)  # no padding: causal mode, no mask at all, GQA without repeats
+    assert recorder.biases == [None, None]
+    for q_shape, k_shape, kwargs in recorder.calls:
+        assert kwargs["causal"] == "top_left" and kwargs["enable_gqa"]
+        assert q_shape[1] == 4 and k_shape[1] == 2
+    decoder(input_ids=ids, attention_mask=inputs(device, pad="left")[1])
+    # Causal + padding: one [Lq, Lk] mask per batch element, shared by the heads.
+    assert [tuple(b.shape) for b in recorder.biases[2:]] == [(B, 1, L, L)] * 2
+
+
+def test_a_training_step_copies_no_more_than_torch_flash(device):
+    ids, mask = inputs(device)
+
+    def copies(implementation, backend=None):
+        torch.manual_seed(0)
+        model = transformers.BertModel._from_config(bert_config(),
+                                                    attn_implementation=implementation)
+        model = model.to(device).train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, attention_mask=mask).last_hidden_state.square().mean().backward()
+
+        with sdpa_kernel(backend) if backend is not None else torch.enable_grad():
+            step()
+            with torch.profiler.profile() as prof:
+                step()
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::copy_")
+
+    memeff_copies = copies(mhf.NAME)
+    flash_copies = copies("sdpa", SDPBackend.FLASH_ATTENTION)
+    print(f"aten::copy_ per BERT training step: memeff {memeff_copies}, flash {flash_copies}")
+    assert memeff_copies <= flash_copies
+
+
+def test_unsupported_arguments_are_refused_by_name():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        mhf.attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
