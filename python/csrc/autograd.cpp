@@ -64,6 +64,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->save_for_backward({q, k, v, bias.value_or(at::Tensor()), out, lse,
                             dropout_p > 0.0 ? (given ? *rng_state : drawn) : at::Tensor()});
     ctx->mark_non_differentiable({lse, drawn});
+    // The gradients of lse and the state never exist: no zero tensors for them in backward.
+    ctx->set_materialize_grads(false);
     ctx->saved_data["dropout_p"] = dropout_p;
     ctx->saved_data["causal"] = std::string(causal);
     if (scale) ctx->saved_data["scale"] = *scale;
@@ -83,6 +85,10 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto scale = data.find("scale");
     const auto backends = data.find("backends");
     const std::string causal = data.at("causal").toStringRef();
+    // Past the Autograd key unless a graph of the backward is wanted (create_graph): its boxed
+    // not-implemented fallback costs more than the rest of this function.
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
     auto [dq, dk, dv, dbias] = bwd_op().call(
         dout, saved[0], saved[1], saved[2], defined_or_none(bias), saved[4], saved[5],
         defined_or_none(saved[6]), data.at("dropout_p").toDouble(), causal,
