@@ -1,9 +1,12 @@
-// The autograd kernel of memeff::fwd, in C++ so that a training step's attention runs without
-// Python between the user's call and the kernels: the forward op (below autograd) draws the
-// dropout state itself, and the saved inputs, out, lse and that state feed memeff::bwd, which
-// regenerates the forward's mask. Registered for the Autograd key, so torch.compile traces it
-// (the ops themselves through their fake kernels) like one of torch's own fused attention ops.
+// The kernels of memeff::fwd above the device ones, in C++ so that a training step's attention
+// runs without Python between the user's call and the kernels. Autograd: the forward op (below
+// autograd) draws the dropout state itself, and the saved inputs, out, lse and that state feed
+// memeff::bwd, which regenerates the forward's mask. Autocast: q, k and v in the autocast dtype,
+// as torch's own SDPA is treated. torch.compile traces both (the ops themselves through their
+// fake kernels) like one of torch's fused attention ops.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -124,7 +127,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(
   return {std::move(outputs[0]), std::move(outputs[1]), std::move(outputs[2])};
 }
 
+// Under autocast (a mixed-precision region), attention runs in the region's lower precision
+// like torch's scaled_dot_product_attention: q, k and v are cast to it (a model's q and k are
+// often fp32 after rotary embeddings while v is not). The bias keeps its dtype when it is the
+// autocast dtype or fp32, both of which memeff takes.
+template <c10::DeviceType kDevice>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autocast(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(kDevice);
+  std::optional<at::Tensor> cast_bias = bias;
+  if (bias && bias->defined() && bias->scalar_type() != at::kFloat) {
+    cast_bias = at::autocast::cached_cast(dtype, *bias, kDevice);
+  }
+  return fwd_op().call(at::autocast::cached_cast(dtype, q, kDevice),
+                       at::autocast::cached_cast(dtype, k, kDevice),
+                       at::autocast::cached_cast(dtype, v, kDevice), cast_bias, rng_state,
+                       dropout_p, causal, scale, std::move(backends), std::move(generator));
+}
+
 }  // namespace
 }  // namespace memeff_torch
 
 TORCH_LIBRARY_IMPL(memeff, Autograd, m) { m.impl("fwd", &memeff_torch::fwd_autograd); }
+TORCH_LIBRARY_IMPL(memeff, AutocastCPU, m) {
+  m.impl("fwd", &memeff_torch::fwd_autocast<c10::DeviceType::CPU>);
+}
+TORCH_LIBRARY_IMPL(memeff, AutocastCUDA, m) {
+  m.impl("fwd", &memeff_torch::fwd_autocast<c10::DeviceType::CUDA>);
+}

@@ -193,3 +193,27 @@ def test_introspection():
     with mt.use_backends("reference"):
         mt.scaled_dot_product_attention(q, q, q)
     assert mt.last_backends()[0] == "reference"
+
+
+def test_autocast_runs_in_the_region_dtype_like_torch(device):
+    # q and k in fp32 (as after a model's rotary embedding), v in bf16: under autocast both
+    # memeff and torch compute in bf16; the gradients come back in each input's own dtype.
+    gen = torch.Generator().manual_seed(10)
+    q = torch.randn(2, 4, 24, 32, generator=gen).to(device).requires_grad_()
+    k = torch.randn(2, 2, 24, 32, generator=gen).to(device).requires_grad_()
+    v = torch.randn(2, 2, 24, 32, generator=gen).to(device, torch.bfloat16).requires_grad_()
+    bias = torch.randn(1, 4, 1, 24, generator=gen).to(device)  # fp32 stays fp32
+    with pytest.raises(ValueError, match="argument `v`"):
+        mt.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # no autocast: refused
+    results = []
+    for fn in (mt.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            out = fn(q, k, v, attn_mask=bias, enable_gqa=True, is_causal=False)
+        grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        results.append((out, grads))
+    (out, grads), (ref, ref_grads) = results
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    for g, r, t in zip(grads, ref_grads, (q, k, v)):
+        assert g.dtype == r.dtype == t.dtype
+        torch.testing.assert_close(g, r, rtol=5e-2, atol=5e-2)
