@@ -10,30 +10,14 @@ backend that cannot run the configuration (e.g. flash without a GPU that support
 with the reason. Needs a CUDA device (on the CPU it times memeff against torch's math backend).
 """
 import argparse
-import contextlib
-import json
-import os
-import statistics
-import sys
-import time
 
-# Use the installed memeff (with its compiled _C), not the source folder beside this script.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+import bench_common as bc  # first: makes `import memeff` find the installed package
 
 import torch
 from torch.nn import functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import memeff.torch as mt
 from memeff.tiny_transformer import TinyTransformer, memeff_attention, torch_attention
-
-TORCH_BACKENDS = {
-    "math": SDPBackend.MATH,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-}
 
 
 def parse_args():
@@ -49,60 +33,15 @@ def parse_args():
                     help="autocast dtype of the model")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--backends", default="memeff,math,efficient,flash,cudnn")
+    ap.add_argument("--backends", default="memeff," + ",".join(bc.TORCH_BACKENDS))
     ap.add_argument("--json", help="also write the results to this file")
     return ap.parse_args()
 
 
-class Timer:
-    """CUDA events on a GPU, wall clock (after synchronizing nothing) on the CPU."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-
-    def time(self, fn):
-        if self.cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            return start.elapsed_time(stop)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-
-def bench_one(name, args, device, dtype):
-    torch.manual_seed(0)
+def build(name, args, device):
     attention = memeff_attention if name == "memeff" else torch_attention
-    model = TinyTransformer(args.vocab, args.width, args.heads, args.layers, args.seq,
-                            args.dropout, attention).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-
-    def step():
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    timer = Timer(device)
-    guard = sdpa_kernel(TORCH_BACKENDS[name]) if name in TORCH_BACKENDS else contextlib.nullcontext()
-    with guard:
-        for _ in range(args.warmup):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = [timer.time(step) for _ in range(args.steps)]
-    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
-    kernel = "/".join(mt.last_backends()) if name == "memeff" else ""
-    return {"backend": name, "ms": statistics.median(times), "min_ms": min(times),
-            "peak_mib": peak, "kernel": kernel}
+    return TinyTransformer(args.vocab, args.width, args.heads, args.layers, args.seq,
+                           args.dropout, attention).to(device)
 
 
 def main():
@@ -112,37 +51,29 @@ def main():
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
     if device.type == "cpu":
         names = [n for n in names if n in ("memeff", "math")]
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    gpu = bc.device_name(device)
     print(f"# training step of a {args.layers}-layer causal transformer: batch {args.batch}, "
           f"seq {args.seq}, width {args.width}, {args.heads} heads (head dim "
           f"{args.width // args.heads}), attention dropout {args.dropout}, {args.dtype} autocast; "
           f"{gpu}, torch {torch.__version__}, memeff {mt.version()}; median of {args.steps} "
           f"steps after {args.warmup} warm-up", flush=True)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def loss_of(model):
+        logits = model(inputs)
+        return F.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
+
     results = []
+    notes = {}
     for name in names:
-        try:
-            r = bench_one(name, args, device, dtype)
-        except Exception as e:  # a torch backend that cannot run this configuration
-            reason = str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__
-            r = {"backend": name, "ms": float("nan"), "min_ms": float("nan"),
-                 "peak_mib": float("nan"), "kernel": "", "error": reason}
-            print(f"  {name}: failed: {reason}", file=sys.stderr, flush=True)
-        results.append(r)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    best_torch = min((r["ms"] for r in results if r["backend"] != "memeff" and r["ms"] == r["ms"]),
-                     default=float("nan"))
-    print("| attention | step ms (median) | step ms (min) | peak MiB | vs best torch | note |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        ratio = r["ms"] / best_torch if best_torch == best_torch else float("nan")
-        note = r.get("error", r["kernel"] and f"memeff backends fwd/bwd: {r['kernel']}")
-        print(f"| {r['backend']} | {r['ms']:.2f} | {r['min_ms']:.2f} | {r['peak_mib']:.0f} | "
-              f"{ratio:.2f} | {note} |")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "device": gpu, "torch": torch.__version__,
-                       "results": results}, f, indent=1)
+        results.append(bc.bench_training_step(name, lambda n: build(n, args, device), loss_of,
+                                              device, dtype, args.warmup, args.steps))
+        if name == "memeff":
+            notes[name] = "memeff backends fwd/bwd: " + "/".join(mt.last_backends())
+    bc.print_step_table(results, notes)
+    bc.write_json(args.json, {"args": vars(args), "device": bc.device_name(device),
+                              "torch": torch.__version__, "results": results})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""What the benchmark scripts beside this file share: the installed memeff (not the source folder
+next to them, which lacks the compiled memeff._C), torch's SDPA backends by name, a timer (CUDA
+events on a GPU, the wall clock on the CPU), the one-line reason of a failed configuration, and
+the markdown table and JSON they end with. Import it before memeff."""
+import json
+import os
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import torch  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
+
+TORCH_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def time_ms(fn, device) -> float:
+    """Milliseconds of one fn() call: CUDA events around it on a GPU, else the wall clock."""
+    if device.type == "cuda":
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def reason(error: BaseException) -> str:
+    """The first line of an error (what a backend that cannot run a configuration says)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:100] if text else type(error).__name__
+
+
+def device_name(device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def print_table(header, rows):
+    """A markdown table: header is a list of column names, rows lists of cell strings."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def write_json(path, document):
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1)
+
+
+def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
+    """Times one training step (forward under autocast in `dtype`, backward, AdamW step) of
+    build(name)'s model, with torch's SDPA restricted to the backend `name` when it names one:
+    the median and minimum of `steps` steps after `warmup` ones, and the peak memory of the
+    timed steps. A configuration that fails gives its reason instead of times."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import sdpa_kernel
+
+    guard = sdpa_kernel(TORCH_BACKENDS[name]) if name in TORCH_BACKENDS else nullcontext()
+    result = {"backend": name, "ms": float("nan"), "min_ms": float("nan"),
+              "peak_mib": float("nan")}
+    model = optimizer = None
+    try:
+        torch.manual_seed(0)
+        model = build(name)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = loss_of(model)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        with guard:
+            for _ in range(warmup):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = sorted(time_ms(step, device) for _ in range(steps))
+        result.update(ms=times[len(times) // 2], min_ms=times[0])
+        if device.type == "cuda":
+            result["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    except Exception as e:  # a torch backend that cannot run this configuration
+        result["error"] = reason(e)
+        print(f"  {name}: failed: {result['error']}", file=sys.stderr, flush=True)
+    finally:
+        del model, optimizer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def print_step_table(results, notes=None):
+    """The training-step table: median and minimum step time, peak memory, and the ratio to the
+    fastest torch backend of the same run. notes: extra text per backend name."""
+    notes = notes or {}
+    best = min((r["ms"] for r in results if r["backend"] in TORCH_BACKENDS and r["ms"] == r["ms"]),
+               default=float("nan"))
+    rows = []
+    for r in results:
+        ratio = r["ms"] / best if best == best else float("nan")
+        r["vs_best_torch"] = ratio
+        rows.append([r["backend"], f"{r['ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['peak_mib']:.0f}",
+                     f"{ratio:.3f}", r.get("error", notes.get(r["backend"], ""))])
+    print_table(["attention", "step ms (median)", "step ms (min)", "peak MiB", "vs best torch",
+                 "note"], rows)
