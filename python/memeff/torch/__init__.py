@@ -50,10 +50,10 @@ _backend_order: Tuple[str, ...] = ()
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:
-        # The latest eager call's state as the op returned it (on the CPU for a CUDA call outside
-        # graph capture) and the device of its query, which last_rng_state() returns it on.
-        self.last_rng_state: Optional[torch.Tensor] = None
-        self.last_device: Optional[torch.device] = None
+        # The latest eager call's (state as the op returned it, the device of its query), or None
+        # without dropout: the state is on the CPU for a CUDA call outside graph capture, and
+        # last_rng_state() returns it on the query's device.
+        self.last_rng_state: Optional[Tuple[torch.Tensor, torch.device]] = None
 
 
 _thread_state = _ThreadState()
@@ -223,8 +223,7 @@ def scaled_dot_product_attention(
                              None if scale is None else float(scale), _backend_order, generator)
     state = rng_state if rng_state is not None else (drawn if p > 0.0 else None)
     if not torch.compiler.is_compiling():
-        _thread_state.last_rng_state = state
-        _thread_state.last_device = q.device
+        _thread_state.last_rng_state = None if state is None else (state, q.device)
     if rank == 3:
         out = out.squeeze(1)
     if not return_rng_state:
@@ -260,10 +259,11 @@ def last_rng_state() -> Optional[torch.Tensor]:
     """The rng_state of this thread's latest eager scaled_dot_product_attention call, on the
     device of its query (None if it had no dropout). Under CUDA-graph capture it is the graph's
     tensor, rewritten each replay."""
-    state, device = _thread_state.last_rng_state, _thread_state.last_device
-    if state is None or state.device == device:
-        return state
-    return state.to(device)
+    last = _thread_state.last_rng_state
+    if last is None:
+        return None
+    state, device = last
+    return state if state.device == device else state.to(device)
 
 
 def last_backends() -> Tuple[str, str]:
@@ -297,3 +297,6 @@ def backend_names() -> List[str]:
 def version() -> str:
     """The memeff library version this extension was built from."""
     return str(_ops.version())
+
+
+from . import hf  # noqa: E402  (memeff.torch.hf.register(): transformers is imported only there)
