@@ -130,10 +130,11 @@ class TinyEncoderLayer(torch.nn.Module):
 
 def count_copies(device, attention, backend=None):
     torch.manual_seed(0)
-    p = 0.1 if device == "cuda" else 0.0  # torch's CPU flash kernel has no dropout
+    # torch's CUDA flash kernel takes 16-bit inputs only; its CPU one has no dropout.
+    p, dtype = (0.1, torch.bfloat16) if device == "cuda" else (0.0, torch.float32)
     model = torch.nn.Sequential(TinyEncoderLayer(attention, p), TinyEncoderLayer(attention, p))
-    model = model.to(device)
-    x = torch.randn(2, 32, 64, device=device)
+    model = model.to(device, dtype)
+    x = torch.randn(2, 32, 64, device=device, dtype=dtype)
 
     def step():
         model.zero_grad(set_to_none=True)
