@@ -5,7 +5,8 @@
 # project's peer script) on the anchor shapes plus GQA 4:1, head dim 96 and 256 in the same call,
 # and an autotune demonstration.
 # Usage: bench/gpu_session.sh BUILD_DIR TORCH_SCRIPT   (logs and JSON rows go to $OUT)
-# SKIP_CPU=1 skips the CPU comparison; TORCH_BACKENDS (default "flash cudnn") picks the peers.
+# SKIP_CPU=1 skips the CPU comparison, SKIP_TUNE=1 the autotune demonstration; TORCH_BACKENDS
+# (default "flash cudnn") picks the peers. bench/gpu_python.sh is the PyTorch package's half.
 set -uo pipefail
 # Every step has a time limit, so a hang costs that step and not the whole call.
 bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
@@ -29,10 +30,12 @@ if command -v cuobjdump >/dev/null; then
   echo "$(wc -l < "$out/hgmma.txt") kernels with HGMMA"
 fi
 
-fwd='Backends/CudaForward'
+fwd='Backends/CudaForward' bwd='Backends/CudaBackward'
 small="DropoutFragment.*:$fwd.NoKeysGiveZeroOutAndMinusInfLse/*:$fwd.GroupedAndMultiQueryAttention/*"
 small+=":$fwd.AwkwardLengthsSquare/cuda_sm90:$fwd.BiasBroadcastEachWayBothDtypes/cuda_sm90"
-small+=":CudaBackward.SeedAndOffsetFromDeviceMemory:CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
+small+=":$bwd.SeedAndOffsetFromDeviceMemory/*:$bwd.BlhdStridesAndHalf/cuda_sm90"
+small+=":$bwd.DeterministicIsBitwiseRepeatable/cuda_sm90:$bwd.SingleVisibleKeyGivesExactlyZeroDs/cuda_sm90"
+small+=":CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
 for tool in memcheck racecheck synccheck; do
   step "compute-sanitizer $tool"
   timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 \
@@ -65,6 +68,7 @@ if [ -s "$out/torch.json" ]; then
     --baseline "$out/memeff_sm80.json" --markdown "$out/table.md" --plot "$out/anchors.png"
 fi
 
+if [ -n "${SKIP_TUNE:-}" ]; then step "done"; exit 0; fi
 step "autotune demonstration"
 export MEMEFF_CACHE_DIR="$out/tune-cache"
 printf '%s\n' '1,4,4,32,32,64,64,none,0.1,bf16' '16,16,16,64,64,64,64,top-left,0.1,bf16' \

@@ -31,16 +31,17 @@ def ss(ctype, ptx, n):
     r = n // 2
     return f"""template <>
 struct Wgmma<{ctype}, {n}> {{
-  // D (+)= A·B, A [64 x 16] and B [{n} x 16] K-major in shared memory (descriptors).
-  template <int kTransB>
+  // D (+)= A·B, A [64 x 16] and B [{n} x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
   __device__ static __forceinline__ void ss(float (&d)[{n // 8}][4], std::uint64_t desc_a,
                                             std::uint64_t desc_b, int accumulate) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc_list(n)}}}, %{r}, %{r + 1}, "
-        "p, 1, 1, 0, %{r + 3};\\n}}\\n"
+        "p, 1, 1, %{r + 3}, %{r + 4};\\n}}\\n"
         : {acc_operands(n)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }}
 """
 

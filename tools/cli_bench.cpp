@@ -63,6 +63,7 @@ int bench_command(const std::vector<std::string>& argv) {
   DeviceChoice device_choice = DeviceChoice::automatic;
   std::int64_t warmup = -1, iters = -1;
   std::uint64_t seed = 0;
+  bool deterministic = false;
   FlagParser p("memeff bench",
                "Benchmarks memeff forward and backward on a list of shapes, as PyTorch's SDPA backends are\n"
                "measured in ANCHORS.md (bench/torch_sdpa.py): FLOPs 4*B*H*Lq*Lk*D (halved when causal, causal\n"
@@ -86,6 +87,8 @@ int bench_command(const std::vector<std::string>& argv) {
   p.add({"--iters", "N", "timed calls per pass; the median is reported (default 20 on cuda, 3 on cpu)",
          [&](const std::string& v) { iters = parse_int("--iters", v, 1); }});
   p.add({"--seed", "S", "dropout seed and input seed (default 0)", [&](const std::string& v) { seed = parse_u64("--seed", v); }});
+  p.add({"--deterministic", "", "time the bitwise-repeatable backward (Options::deterministic)",
+         [&](const std::string&) { deterministic = true; }});
   p.add({"--json", "FILE",
          "write {\"gpu\", \"memeff\", \"rows\": [...]} with torch_sdpa.py's row keys: B H Lq Lk D causal\n"
          "dropout dtype backend fwd_ms bwd_ms fwd_tflops bwd_tflops fwdbwd_tflops extra_mib (+ extras)",
@@ -119,6 +122,7 @@ int bench_command(const std::vector<std::string>& argv) {
 
   Options options;
   if (!backend.empty()) options.backends = split(backend, ',');
+  options.deterministic = deterministic;
   L2Flusher flusher(device);
   Timer timer(device);
   Json rows = Json::array();
@@ -205,6 +209,7 @@ int bench_command(const std::vector<std::string>& argv) {
         row["memgetinfo_drop_mib"] = drop_mib;
         row["iters"] = iters;
         row["library"] = "memeff";
+        row["deterministic"] = deterministic;
         std::printf("%s %-10s fwd %8.3f ms %7.3g  bwd %8.3f ms %7.3g  fwd+bwd %7.3g TFLOP/s  extra %8.1f MiB\n", label,
                     fi.backend.c_str(), t_f, f_tf, t_b, b_tf, fb_tf, extra);
       } catch (const Error& e) {

@@ -88,9 +88,9 @@ HeuristicOrder default_order(const Problem& problem) {
   HeuristicOrder h;
   if (problem.device.type == DeviceType::cuda) {
     // The Hopper-native kernels ("cuda_sm90": TMA, wgmma, warp specialization) lead where they
-    // run (compute capability 9.0; forward only for now); then the fused mma.sync kernels
-    // ("cuda"), which never materialize Lq×Lk and beat cuda_math on every shape measured, down to
-    // 32×32 scores (docs/benchmarks.md: 0.011 ms against cuda_math's 0.143 ms forward on the
+    // run (compute capability 9.0; the backward for head dims up to 128); then the fused mma.sync
+    // kernels ("cuda"), which never materialize Lq×Lk and beat cuda_math on every shape measured,
+    // down to 32×32 scores (docs/benchmarks.md: 0.011 ms against cuda_math's 0.143 ms forward on the
     // H200). cuda_math (cuBLAS + softmax kernel, fp32 Lq×Lk buffers) is the fallback for what the
     // fused kernels refuse (fp32 inputs, head dims they do not instantiate, misaligned strides).
     // MEMEFF_AUTOTUNE=1 measures each shape instead.

@@ -233,6 +233,16 @@ inline int visible_prefix(const Problem& pb, std::int64_t i, std::int64_t j0, in
   return static_cast<int>(std::clamp<std::int64_t>(last - j0 + 1, 0, cols));
 }
 
+// Whether query row i sees exactly one key (Lk = 1, or the causal diagonal's first row): its
+// softmax is 1 whatever the score, so its dS is exactly 0, where P·(Z·dP − D_i) would leave the
+// rounding of D_i = rowsum(dO ∘ O) taken on the stored output.
+inline bool sees_one_key(const Problem& pb, std::int64_t i) {
+  const std::int64_t visible = pb.causal == CausalMode::none
+                                   ? pb.Lk
+                                   : std::clamp<std::int64_t>(i + pb.causal_shift() + 1, 0, pb.Lk);
+  return visible == 1;
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -540,6 +550,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               // P = exp(S·scale + bias − lse), dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
               kern.softmax_grad64(prow, dprow, dsrow, scale, bias_row, valid, lse_r[r], di[r],
                                   dropout ? keep[r] : 0, keep_scale, dropout);
+              if (sees_one_key(pb, i)) std::fill(dsrow, dsrow + kBc, 0.0f);
               if (dbias) {
                 const TensorView& db = *dbias;
                 const std::int64_t bb = db.shape[0] == 1 ? 0 : b, hh = db.shape[1] == 1 ? 0 : h,

@@ -1,12 +1,14 @@
 // Shared pieces of the CUDA backends (see backend_util.h).
 #include "cuda/backend_util.h"
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/sm80/fwd_dispatch.cuh"
 #include "memeff/error.h"
 
 namespace memeff::detail {
@@ -116,6 +118,111 @@ void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const Te
   p.offset = args.rng.offset;
   p.seed_ptr = args.rng.device_seed;
   p.offset_ptr = args.rng.device_offset;
+}
+
+namespace {
+
+cuda::FillKind fill_kind(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return cuda::FillKind::bf16;
+    case DType::f16:
+      return cuda::FillKind::f16;
+    default:
+      return cuda::FillKind::f32;
+  }
+}
+
+void fill_view(const TensorView& t, float value, cudaStream_t stream) {
+  if (!t.defined() || t.numel() == 0) return;
+  std::int64_t shape[4] = {1, 1, 1, 1}, stride[4] = {0, 0, 0, 1};
+  const int pad = 4 - t.rank;  // views of rank < 4 (lse) get leading unit dimensions
+  for (int d = 0; d < t.rank; ++d) {
+    shape[pad + d] = t.shape[d];
+    stride[pad + d] = t.stride[d];
+  }
+  if (shape[3] > 1 && stride[3] != 1) {
+    throw Error(ErrorCode::internal,
+                "fill_view: last dimension of " + t.describe() + " is not contiguous");
+  }
+  cuda::fill_strided(t.data, fill_kind(t.dtype), shape, stride, value, stream);
+}
+
+}  // namespace
+
+void fill_dbias_shape(cuda::BackwardParams& p, const Problem& pb) {
+  if (!pb.has_bias) return;
+  p.dbias_shape[0] = pb.bias_bcast_b ? 1 : static_cast<int>(pb.B);
+  p.dbias_shape[1] = pb.bias_bcast_h ? 1 : static_cast<int>(pb.Hq);
+  p.dbias_shape[2] = pb.bias_bcast_q ? 1 : static_cast<int>(pb.Lq);
+}
+
+cuda::BackwardParams backward_params(const Problem& pb, const AttentionArgs& args,
+                                     const BackwardTensors& g, const Options& options) {
+  cuda::BackwardParams p;
+  fill_from_problem(p, pb);
+  fill_from_views(p, args, g.out, g.lse);
+  p.dout = g.dout.data;
+  p.dq = g.dq.data;
+  p.dk = g.dk.data;
+  p.dv = g.dv.data;
+  p.dout_stride = strides_of(g.dout);
+  p.dq_stride = strides_of(g.dq);
+  p.dk_stride = strides_of(g.dk);
+  p.dv_stride = strides_of(g.dv);
+  if (g.dbias) {
+    p.dbias = g.dbias->data;
+    p.dbias_stride = strides_of(*g.dbias);
+    for (int d = 0; d < 3; ++d) p.dbias_shape[d] = static_cast<int>(g.dbias->shape[d]);
+  }
+  p.deterministic = options.deterministic;
+  return p;
+}
+
+bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream) {
+  if (pb.B == 0 || pb.Hq == 0) return true;
+  if (pb.Lk == 0) {  // no keys: every gradient is zero (dk, dv and dbias are empty)
+    fill_view(g.dq, 0.0f, stream);
+    return true;
+  }
+  if (pb.Lq == 0) {  // no queries: dq is empty, nothing flows into k, v or the bias
+    fill_view(g.dk, 0.0f, stream);
+    fill_view(g.dv, 0.0f, stream);
+    if (g.dbias) fill_view(*g.dbias, 0.0f, stream);
+    return true;
+  }
+  return false;
+}
+
+void with_workspace(const std::string& backend, std::size_t needed, const Options& options,
+                    cudaStream_t stream, const std::function<void(void*)>& launch) {
+  void* workspace = options.workspace;
+  bool owned = false;
+  if (needed > 0) {
+    if (workspace != nullptr) {
+      if (options.workspace_bytes < needed) {
+        throw Error(ErrorCode::invalid_argument, "argument `workspace_bytes`: the " + backend +
+                                                     " backward needs " + std::to_string(needed) +
+                                                     " bytes of workspace, got " +
+                                                     std::to_string(options.workspace_bytes));
+      }
+      if ((reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0) {
+        throw Error(ErrorCode::invalid_argument,
+                    "argument `workspace`: expected a 16-byte aligned pointer");
+      }
+    } else {
+      check(cudaMallocAsync(&workspace, needed, stream),
+            ("cudaMallocAsync(" + backend + " backward workspace)").c_str());
+      owned = true;
+    }
+  }
+  try {
+    launch(workspace);
+  } catch (...) {
+    if (owned) cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  if (owned) check(cudaFreeAsync(workspace, stream), "cudaFreeAsync(backward workspace)");
 }
 
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc) {

@@ -50,6 +50,20 @@ void fill_from_problem(cuda::ForwardParams& p, const Problem& pb);
 void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const TensorView& out,
                      const TensorView& lse);
 
+// The backward's parameters from a validated problem and its views: sizes, flags, RNG, the
+// gradients and dbias (with its shape), the deterministic flag.
+cuda::BackwardParams backward_params(const Problem& pb, const AttentionArgs& args,
+                                     const BackwardTensors& g, const Options& options);
+// The dbias shape a problem's bias gives (what workspace sizes depend on before views exist).
+void fill_dbias_shape(cuda::BackwardParams& p, const Problem& pb);
+// The backward's empty edges, alike for every CUDA backend: B·Hq = 0 does nothing, Lk = 0 gives
+// dq = 0, Lq = 0 gives dk = dv = dbias = 0. Returns whether the call was one of them.
+bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream);
+// Calls `launch` with `needed` bytes of workspace: the caller's (Options::workspace, checked for
+// size and 16-byte alignment) or a stream-ordered allocation freed after the launch.
+void with_workspace(const std::string& backend, std::size_t needed, const Options& options,
+                    cudaStream_t stream, const std::function<void(void*)>& launch);
+
 // Reasons any fused CUDA kernel refuses a problem before its own checks: not a CUDA device,
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute
 // capability in `cc` (cc.ok false: its error is already among the reasons).

@@ -27,29 +27,6 @@ using cuda::BackwardParams;
 using cuda::ForwardParams;
 using cuda::Strides;
 
-cuda::FillKind fill_kind(DType dtype) {
-  switch (dtype) {
-    case DType::bf16: return cuda::FillKind::bf16;
-    case DType::f16: return cuda::FillKind::f16;
-    default: return cuda::FillKind::f32;
-  }
-}
-
-void fill_view(const TensorView& t, float value, cudaStream_t stream) {
-  if (!t.defined() || t.numel() == 0) return;
-  std::int64_t shape[4] = {1, 1, 1, 1}, stride[4] = {0, 0, 0, 1};
-  const int pad = 4 - t.rank;  // views of rank < 4 (lse) get leading unit dimensions
-  for (int d = 0; d < t.rank; ++d) {
-    shape[pad + d] = t.shape[d];
-    stride[pad + d] = t.stride[d];
-  }
-  if (shape[3] > 1 && stride[3] != 1) {
-    throw Error(ErrorCode::internal, "fill_view: last dimension of " + t.describe() +
-                                         " is not contiguous");
-  }
-  cuda::fill_strided(t.data, fill_kind(t.dtype), shape, stride, value, stream);
-}
-
 class CudaBackend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda"; }
@@ -76,11 +53,7 @@ class CudaBackend final : public CudaBackendBase {
     if (pass != Pass::backward || pb.Lq == 0 || pb.Lk == 0) return 0;
     BackwardParams p;
     fill_from_problem(p, pb);
-    if (pb.has_bias) {  // dbias may be asked for: count its accumulator when it is reduced
-      p.dbias_shape[0] = pb.bias_bcast_b ? 1 : static_cast<int>(pb.B);
-      p.dbias_shape[1] = pb.bias_bcast_h ? 1 : static_cast<int>(pb.Hq);
-      p.dbias_shape[2] = pb.bias_bcast_q ? 1 : static_cast<int>(pb.Lq);
-    }
+    fill_dbias_shape(p, pb);  // dbias may be asked for: count its accumulator when it is reduced
     return cuda::backward_workspace_bytes(p);
   }
 
@@ -109,34 +82,8 @@ class CudaBackend final : public CudaBackendBase {
                 const Options& options) override {
     DeviceScope device(pb.device.index);
     const auto stream = static_cast<cudaStream_t>(options.stream);
-    if (pb.B == 0 || pb.Hq == 0) return;
-    if (pb.Lk == 0) {  // no keys: every gradient is zero (dk, dv and dbias are empty)
-      fill_view(g.dq, 0.0f, stream);
-      return;
-    }
-    if (pb.Lq == 0) {  // no queries: dq is empty, nothing flows into k, v or the bias
-      fill_view(g.dk, 0.0f, stream);
-      fill_view(g.dv, 0.0f, stream);
-      if (g.dbias) fill_view(*g.dbias, 0.0f, stream);
-      return;
-    }
-    BackwardParams p;
-    fill_from_problem(p, pb);
-    fill_from_views(p, args, g.out, g.lse);
-    p.dout = g.dout.data;
-    p.dq = g.dq.data;
-    p.dk = g.dk.data;
-    p.dv = g.dv.data;
-    p.dout_stride = strides_of(g.dout);
-    p.dq_stride = strides_of(g.dq);
-    p.dk_stride = strides_of(g.dk);
-    p.dv_stride = strides_of(g.dv);
-    if (g.dbias) {
-      p.dbias = g.dbias->data;
-      p.dbias_stride = strides_of(*g.dbias);
-      for (int d = 0; d < 3; ++d) p.dbias_shape[d] = static_cast<int>(g.dbias->shape[d]);
-    }
-    p.deterministic = options.deterministic;
+    if (backward_empty_edges(pb, g, stream)) return;
+    const BackwardParams p = backward_params(pb, args, g, options);
     if (pb.Lq > 1 && g.lse.stride[2] != 1) {
       throw Error(ErrorCode::unsupported,
                   "cuda backward: lse must have a contiguous last dimension, got " + g.lse.describe());
@@ -146,33 +93,9 @@ class CudaBackend final : public CudaBackendBase {
     if (!reasons.empty()) {
       throw Error(ErrorCode::unsupported, "cuda backward cannot run these tensors: " + join(reasons, "; "));
     }
-
-    const std::size_t needed = cuda::backward_workspace_bytes(p);
-    void* workspace = options.workspace;
-    bool owned = false;
-    if (needed > 0) {
-      if (workspace != nullptr) {
-        if (options.workspace_bytes < needed) {
-          throw Error(ErrorCode::invalid_argument,
-                      "argument `workspace_bytes`: the cuda backward needs " + std::to_string(needed) +
-                          " bytes of workspace, got " + std::to_string(options.workspace_bytes));
-        }
-        if ((reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0) {
-          throw Error(ErrorCode::invalid_argument,
-                      "argument `workspace`: expected a 16-byte aligned pointer");
-        }
-      } else {
-        check(cudaMallocAsync(&workspace, needed, stream), "cudaMallocAsync(backward workspace)");
-        owned = true;
-      }
-    }
-    try {
+    with_workspace(name(), cuda::backward_workspace_bytes(p), options, stream, [&](void* workspace) {
       cuda::launch_backward(p, workspace, elem_type(pb.dtype), stream);
-    } catch (...) {
-      if (owned) cudaFreeAsync(workspace, stream);
-      throw;
-    }
-    if (owned) check(cudaFreeAsync(workspace, stream), "cudaFreeAsync(backward workspace)");
+    });
   }
 };
 

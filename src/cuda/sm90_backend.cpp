@@ -1,9 +1,8 @@
-// The "cuda_sm90" backend: the Hopper-native forward (warp-specialized, TMA and wgmma;
-// src/cuda/sm90/, launched by src/cuda/launch/sm90_fwd_launch.cu). First in the default order on
-// compute capability 9.0; it computes the same function with the same dropout mask as every other
-// backend. The backward pass is not implemented here yet: it says so, and the dispatcher gives
-// the backward to the next backend in the order (the mma.sync `cuda` kernels), which works with
-// this forward's out and lse because every backend's forward produces the same ones.
+// The "cuda_sm90" backend: the Hopper-native forward and backward (warp-specialized, TMA and
+// wgmma; src/cuda/sm90/, launched by src/cuda/launch/sm90_fwd_launch.cu and sm90_bwd_launch.cu).
+// First in the default order on compute capability 9.0; it computes the same function with the
+// same dropout mask as every other backend, so a pass it refuses (the backward for head dims
+// above 128) goes to the next backend in the order, which works with this forward's out and lse.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -30,8 +29,10 @@ class CudaSm90Backend final : public CudaBackendBase {
     std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
     if (!cc.ok) return reasons;
     if (pass == Pass::backward) {
-      reasons.push_back(
-          "no Hopper-native backward yet (the cuda backend's mma.sync kernels run it)");
+      cuda::BackwardParams p;
+      fill_from_problem(p, pb);
+      const std::vector<std::string> kernel = cuda::sm90_backward_unsupported(p, cc.major, cc.minor);
+      reasons.insert(reasons.end(), kernel.begin(), kernel.end());
       return reasons;
     }
     cuda::ForwardParams p;
@@ -39,6 +40,14 @@ class CudaSm90Backend final : public CudaBackendBase {
     const std::vector<std::string> kernel = cuda::sm90_forward_unsupported(p, cc.major, cc.minor);
     reasons.insert(reasons.end(), kernel.begin(), kernel.end());
     return reasons;
+  }
+
+  std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
+    if (pass != Pass::backward || pb.B == 0 || pb.Hq == 0 || pb.Lq == 0 || pb.Lk == 0) return 0;
+    cuda::BackwardParams p;
+    fill_from_problem(p, pb);
+    fill_dbias_shape(p, pb);  // dbias may be asked for: count its accumulator when it is reduced
+    return cuda::sm90_backward_workspace_bytes(p);
   }
 
   void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
@@ -64,10 +73,27 @@ class CudaSm90Backend final : public CudaBackendBase {
     cuda::launch_forward_sm90(p, elem_type(pb.dtype), cc.multiprocessors, stream);  // Lk == 0 writes out 0, lse -inf
   }
 
-  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
-                const Options&) override {
-    throw Error(ErrorCode::unsupported,
-                "cuda_sm90 has no backward yet: run the backward on the cuda backend");
+  void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
+                const Options& options) override {
+    DeviceScope device(pb.device.index);
+    const auto stream = static_cast<cudaStream_t>(options.stream);
+    if (backward_empty_edges(pb, g, stream)) return;
+    const cuda::BackwardParams p = backward_params(pb, args, g, options);
+    if (pb.Lq > 1 && g.lse.stride[2] != 1) {
+      throw Error(ErrorCode::unsupported,
+                  "cuda_sm90 backward: lse must have a contiguous last dimension, got " +
+                      g.lse.describe());
+    }
+    const ComputeCapability cc = compute_capability(pb.device.index);
+    const std::vector<std::string> reasons = cuda::sm90_backward_unsupported(p, cc.major, cc.minor);
+    if (!reasons.empty()) {
+      throw Error(ErrorCode::unsupported,
+                  "cuda_sm90 backward cannot run these tensors: " + join(reasons, "; "));
+    }
+    with_workspace(name(), cuda::sm90_backward_workspace_bytes(p), options, stream,
+                   [&](void* workspace) {
+                     cuda::launch_backward_sm90(p, workspace, elem_type(pb.dtype), stream);
+                   });
   }
 };
 

@@ -1,7 +1,8 @@
-// The fused cuda backward against the double-precision reference backward on the same rounded
-// inputs and the same dropout mask: awkward lengths, Lq != Lk, head dims, causal both ways with
-// dropout over many key tiles (PyTorch PR #103704's bug), bias broadcasts with dbias, GQA, BLHD
-// strides, fp16 and bf16, seeds from device memory, and bitwise repeatable deterministic mode.
+// The fused backwards (the mma.sync `cuda` kernels and the Hopper `cuda_sm90` ones) against the
+// double-precision reference backward on the same rounded inputs and the same dropout mask:
+// awkward lengths, Lq != Lk, head dims, causal both ways with dropout over many key tiles
+// (PyTorch PR #103704's bug), bias broadcasts with dbias, GQA, BLHD strides, fp16 and bf16, seeds
+// from device memory, rows that see a single key, and bitwise repeatable deterministic mode.
 // Gradients are poisoned with NaN first, so unwritten elements fail.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -22,17 +23,19 @@
 #include "cuda/device_tensor.h"
 #include "cuda/launch/launch.h"
 #include "memeff/attention.h"
+#include "memeff/dispatch.h"
 #include "memeff/error.h"
 
 namespace memeff {
 namespace {
 
+using test::cuda_device_present;
+using test::DeviceTensor;
 using test::HostTensor;
 using test::Layout;
-using test::DeviceTensor;
-using test::cuda_device_present;
 
 struct Case {
+  std::string backend = "cuda";
   DType dtype = DType::bf16;
   std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 64, Lk = 64, D = 64, Dv = 64;
   CausalMode causal = CausalMode::none;
@@ -46,9 +49,9 @@ struct Case {
 
   std::string describe() const {
     std::ostringstream os;
-    os << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Lq=" << Lq
-       << " Lk=" << Lk << " D=" << D << " Dv=" << Dv << " causal=" << causal_mode_name(causal)
-       << " p=" << p << " bias=" << bias
+    os << backend << " " << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv
+       << " Lq=" << Lq << " Lk=" << Lk << " D=" << D << " Dv=" << Dv
+       << " causal=" << causal_mode_name(causal) << " p=" << p << " bias=" << bias
        << (bias != "none" ? std::string("/") + dtype_name(bias_dtype) : "")
        << (layout == Layout::blhd ? " blhd" : " bhld") << (deterministic ? " deterministic" : "")
        << (device_rng ? " device-rng" : "");
@@ -83,7 +86,8 @@ BwdProblem make_problem(const Case& c, std::uint64_t data_seed, std::uint64_t re
   }
   // Reference forward and backward on the same rounded values, in double.
   HostTensor q64 = test::converted(pr.q, DType::f64), k64 = test::converted(pr.k, DType::f64),
-             v64 = test::converted(pr.v, DType::f64), dout64 = test::converted(pr.dout, DType::f64), bias64;
+             v64 = test::converted(pr.v, DType::f64), dout64 = test::converted(pr.dout, DType::f64),
+             bias64;
   AttentionArgs args;
   args.q = q64.view;
   args.k = k64.view;
@@ -122,7 +126,7 @@ BwdProblem make_problem(const Case& c, std::uint64_t data_seed, std::uint64_t re
   return pr;
 }
 
-// Runs the cuda backward on device copies of the problem's inputs.
+// Runs the case's backend's backward on device copies of the problem's inputs.
 Grads run_cuda(const Case& c, const BwdProblem& pr) {
   Grads out;
   out.dq = HostTensor(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout);
@@ -171,13 +175,14 @@ Grads run_cuda(const Case& c, const BwdProblem& pr) {
   g.dv = dv.view;
   if (dbias) g.dbias = dbias->view;
   Options opt;
-  opt.backends = {"cuda"};
+  opt.backends = {c.backend};
   opt.deterministic = c.deterministic;
   const CallInfo info = backward(args, g, opt);
-  EXPECT_EQ(info.backend, "cuda");
+  EXPECT_EQ(info.backend, c.backend);
   const cudaError_t err = cudaDeviceSynchronize();
   if (rng_dev) cudaFree(rng_dev);
-  if (err != cudaSuccess) throw std::runtime_error(std::string("kernel failed: ") + cudaGetErrorString(err));
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("kernel failed: ") + cudaGetErrorString(err));
   dq.copy_to(out.dq);
   dk.copy_to(out.dk);
   dv.copy_to(out.dv);
@@ -193,7 +198,8 @@ bool within(const test::Diff& d, DType dtype) {
   return !d.nan && d.max_abs <= 1e-5 + rel_tolerance(dtype) * d.max_ref;
 }
 
-void expect_close(const Case& c, const char* name, const HostTensor& actual, const HostTensor& ref) {
+void expect_close(const Case& c, const char* name, const HostTensor& actual,
+                  const HostTensor& ref) {
   test::expect_close(actual, ref, test::Tolerance{1e-5, rel_tolerance(c.dtype)},
                      c.describe() + ": " + name);
 }
@@ -213,32 +219,43 @@ bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
          std::memcmp(a.storage.data(), b.storage.data(), a.storage.size()) == 0;
 }
 
-class CudaBackward : public ::testing::Test {
+class CudaBackward : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    const std::string missing = test::gpu_backend_missing(GetParam());
+    if (!missing.empty()) GTEST_SKIP() << missing;
+  }
+  // A case on this test's backend.
+  Case make() const {
+    Case c;
+    c.backend = GetParam();
+    return c;
+  }
+  // Whether this backend has a kernel for these head dims (the Hopper backward: up to 128).
+  bool runs_head_dims(std::int64_t D, std::int64_t Dv) const {
+    return GetParam() != "cuda_sm90" || (D <= 128 && Dv <= 128);
   }
 };
 
-TEST_F(CudaBackward, AwkwardLengthsSquare) {
+TEST_P(CudaBackward, AwkwardLengthsSquare) {
   for (std::int64_t L : {1, 17, 64, 65, 127, 129}) {
-    Case c;
+    Case c = make();
     c.B = 2;
     c.Hq = c.Hkv = 2;
     c.Lq = c.Lk = L;
     check_case(c, 100 + static_cast<std::uint64_t>(L));
   }
-  Case big;
+  Case big = make();
   big.Hq = big.Hkv = 1;
   big.Lq = big.Lk = 1013;
   check_case(big, 1013);
 }
 
-TEST_F(CudaBackward, QueryAndKeyLengthsDiffer) {
+TEST_P(CudaBackward, QueryAndKeyLengthsDiffer) {
   const std::int64_t pairs[][2] = {{17, 129}, {129, 17}, {1, 300}, {300, 65}, {64, 1013}};
   for (const auto& lens : pairs) {
     for (CausalMode causal : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
-      Case c;
+      Case c = make();
       c.Lq = lens[0];
       c.Lk = lens[1];
       c.causal = causal;
@@ -247,12 +264,12 @@ TEST_F(CudaBackward, QueryAndKeyLengthsDiffer) {
   }
 }
 
-TEST_F(CudaBackward, HeadDims) {
-  const std::int64_t dims[][2] = {{8, 8},   {40, 40},   {64, 64},  {80, 80},
-                                  {128, 128}, {256, 256}, {40, 72}, {128, 64}, {64, 200}};
+TEST_P(CudaBackward, HeadDims) {
+  const std::int64_t dims[][2] = {{8, 8},     {40, 40}, {64, 64},  {80, 80}, {128, 128},
+                                  {256, 256}, {40, 72}, {128, 64}, {64, 200}};
   for (const auto& d : dims) {
     for (DType dtype : {DType::bf16, DType::f16}) {
-      Case c;
+      Case c = make();
       c.dtype = dtype;
       c.D = d[0];
       c.Dv = d[1];
@@ -260,19 +277,59 @@ TEST_F(CudaBackward, HeadDims) {
       c.Lk = 150;
       c.causal = CausalMode::bottom_right;
       c.p = 0.1;
+      if (!runs_head_dims(c.D, c.Dv)) continue;  // RefusesHeadDimsAbove128 checks the reason
       check_case(c, static_cast<std::uint64_t>(d[0] * 1000 + d[1]));
     }
   }
 }
 
+// A row that sees exactly one key has softmax 1 whatever its score, so dS = 0 exactly: with
+// Lk = 1 every dk and dbias element is exactly 0 (computed as P·(Z·dP − D) it would be the
+// rounding residue of D taken on the stored output, up to about 4 here with dropout's 256/230),
+// and with a top-left causal mask so is dbias of row 0. dv and dq still match the reference.
+TEST_P(CudaBackward, SingleVisibleKeyGivesExactlyZeroDs) {
+  for (double p : {0.0, 0.2}) {
+    Case c = make();
+    c.B = 2;
+    c.Hq = c.Hkv = 2;
+    c.Lq = 77;
+    c.Lk = 1;
+    c.p = p;
+    c.bias = "bhqk";
+    SCOPED_TRACE(c.describe());
+    const BwdProblem pr = make_problem(c, 21, c.seed);
+    const Grads got = run_cuda(c, pr);
+    for (std::int64_t i = 0; i < got.dk.numel(); ++i)
+      ASSERT_EQ(got.dk.get(i), 0.0) << "dk[" << i << "]";
+    for (std::int64_t i = 0; i < got.dbias.numel(); ++i) {
+      ASSERT_EQ(got.dbias.get(i), 0.0) << "dbias[" << i << "]";
+    }
+    expect_close(c, "dv", got.dv, pr.ref.dv);
+    expect_close(c, "dq", got.dq, pr.ref.dq);
+  }
+  Case c = make();
+  c.Lq = c.Lk = 200;
+  c.causal = CausalMode::top_left;
+  c.p = 0.2;
+  c.bias = "bhqk";
+  SCOPED_TRACE(c.describe());
+  const BwdProblem pr = make_problem(c, 22, c.seed);
+  const Grads got = run_cuda(c, pr);
+  for (std::int64_t bh = 0; bh < c.B * c.Hq; ++bh) {  // element (b, h, 0, 0), row-major
+    EXPECT_EQ(got.dbias.get(bh * c.Lq * c.Lk), 0.0) << "dbias[b·h = " << bh << ", 0, 0]";
+  }
+  expect_close(c, "dbias", got.dbias, pr.ref.dbias);
+  expect_close(c, "dk", got.dk, pr.ref.dk);
+}
+
 // PyTorch PR #103704: with causal masking and dropout, gradients went wrong once the keys span
 // more than one tile, because the RNG was indexed relative to the tile. Our map uses absolute
 // (i, j); the keys here span 2 to 16 tiles of every bucket, in both causal alignments.
-TEST_F(CudaBackward, CausalDropoutAcrossKeyTiles) {
+TEST_P(CudaBackward, CausalDropoutAcrossKeyTiles) {
   for (std::int64_t Lk : {65, 129, 300, 1013}) {
     for (CausalMode causal : {CausalMode::top_left, CausalMode::bottom_right}) {
       for (std::int64_t Lq : {Lk, std::int64_t{100}}) {
-        Case c;
+        Case c = make();
         c.Lq = Lq;
         c.Lk = Lk;
         c.causal = causal;
@@ -287,8 +344,8 @@ TEST_F(CudaBackward, CausalDropoutAcrossKeyTiles) {
 }
 
 // The comparison above can tell masks apart: the reference with another seed disagrees.
-TEST_F(CudaBackward, DropoutMaskMatters) {
-  Case c;
+TEST_P(CudaBackward, DropoutMaskMatters) {
+  Case c = make();
   c.Lq = 129;
   c.Lk = 300;
   c.causal = CausalMode::top_left;
@@ -302,10 +359,10 @@ TEST_F(CudaBackward, DropoutMaskMatters) {
   EXPECT_FALSE(within(test::compare(got.dq, other.ref.dq), c.dtype)) << c.describe();
 }
 
-TEST_F(CudaBackward, BiasBroadcastsWithDbias) {
+TEST_P(CudaBackward, BiasBroadcastsWithDbias) {
   for (const char* pattern : {"bhqk", "1hqk", "b1qk", "bh1k", "11qk", "1h1k", "b11k", "111k"}) {
     for (DType bias_dtype : {DType::f32, DType::bf16}) {
-      Case c;
+      Case c = make();
       c.B = 2;
       c.Hq = 4;
       c.Hkv = 2;
@@ -320,9 +377,9 @@ TEST_F(CudaBackward, BiasBroadcastsWithDbias) {
   }
 }
 
-TEST_F(CudaBackward, GroupedQueryHeads) {
+TEST_P(CudaBackward, GroupedQueryHeads) {
   for (std::int64_t Hkv : {2, 1}) {
-    Case c;
+    Case c = make();
     c.B = 2;
     c.Hq = 8;
     c.Hkv = Hkv;
@@ -335,10 +392,10 @@ TEST_F(CudaBackward, GroupedQueryHeads) {
   }
 }
 
-TEST_F(CudaBackward, BlhdStridesAndHalf) {
+TEST_P(CudaBackward, BlhdStridesAndHalf) {
   for (DType dtype : {DType::bf16, DType::f16}) {
     for (std::int64_t D : {64, 128}) {
-      Case c;
+      Case c = make();
       c.dtype = dtype;
       c.layout = Layout::blhd;
       c.B = 2;
@@ -356,8 +413,8 @@ TEST_F(CudaBackward, BlhdStridesAndHalf) {
   }
 }
 
-TEST_F(CudaBackward, SeedAndOffsetFromDeviceMemory) {
-  Case c;
+TEST_P(CudaBackward, SeedAndOffsetFromDeviceMemory) {
+  Case c = make();
   c.Lq = 100;
   c.Lk = 200;
   c.p = 0.25;
@@ -369,9 +426,9 @@ TEST_F(CudaBackward, SeedAndOffsetFromDeviceMemory) {
 
 // Deterministic mode: two runs give the same bits (dq and broadcast dbias accumulate across
 // CTAs), and the result still matches the reference.
-TEST_F(CudaBackward, DeterministicIsBitwiseRepeatable) {
+TEST_P(CudaBackward, DeterministicIsBitwiseRepeatable) {
   for (const char* pattern : {"none", "11qk", "bh1k"}) {
-    Case c;
+    Case c = make();
     c.B = 2;
     c.Hq = 4;
     c.Hkv = 2;
@@ -398,6 +455,56 @@ TEST_F(CudaBackward, DeterministicIsBitwiseRepeatable) {
   }
 }
 
+// Several key blocks, query blocks and GQA heads per CTA at once, both dtypes, with dropout: the
+// shapes the Hopper kernel's pipelines (Q/dO ring, dS double buffer, dQ staging) cycle through.
+TEST_P(CudaBackward, ManyBlocksGroupedWithDropout) {
+  for (std::int64_t D : {64, 128}) {
+    for (CausalMode causal : {CausalMode::none, CausalMode::bottom_right}) {
+      Case c = make();
+      c.B = 2;
+      c.Hq = 6;
+      c.Hkv = 2;
+      c.Lq = 600;
+      c.Lk = 520;
+      c.D = c.Dv = D;
+      c.causal = causal;
+      c.p = 0.1;
+      c.dtype = D == 64 ? DType::f16 : DType::bf16;
+      check_case(c, 500 + static_cast<std::uint64_t>(D));
+    }
+  }
+}
+
+// On compute capability 9.0 the default order runs the backward on cuda_sm90 where it has a
+// tile, and on the mma.sync kernels otherwise (head dims above 128), saying why.
+TEST(CudaBackwardDispatch, HopperBackwardByDefaultWhereItHasATile) {
+  if (!test::cuda_device_is_sm90()) GTEST_SKIP() << "needs compute capability 9.0";
+  for (std::int64_t D : {64, 96, 128, 256}) {
+    Case c;
+    c.D = c.Dv = D;
+    c.Lq = c.Lk = 130;
+    c.p = 0.1;
+    const BwdProblem pr = make_problem(c, 1, c.seed);
+    DeviceTensor q(pr.q), k(pr.k), v(pr.v), dout(pr.dout), o(pr.out), lse(pr.lse);
+    HostTensor hq(c.dtype, {c.B, c.Hq, c.Lq, c.D}), hk(c.dtype, {c.B, c.Hkv, c.Lk, c.D}),
+        hv(c.dtype, {c.B, c.Hkv, c.Lk, c.Dv});
+    DeviceTensor dq(hq), dk(hk), dv(hv);
+    AttentionArgs args;
+    args.q = q.view;
+    args.k = k.view;
+    args.v = v.view;
+    args.dropout_p = c.p;
+    args.rng.seed = c.seed;
+    const CallInfo info =
+        backward(args, {dout.view, o.view, lse.view, dq.view, dk.view, dv.view, {}});
+    EXPECT_EQ(info.backend, D <= 128 ? "cuda_sm90" : "cuda") << "D = " << D;
+    if (D > 128) {
+      const std::string text = explain(args, Pass::backward).to_string();
+      EXPECT_NE(text.find("up to 128"), std::string::npos) << text;
+    }
+  }
+}
+
 // Sizes the kernels cannot take are refused with a reason, not run.
 TEST(CudaBackwardReasons, RefusesWhatItCannotRun) {
   cuda::BackwardParams p;
@@ -417,6 +524,36 @@ TEST(CudaBackwardReasons, RefusesWhatItCannotRun) {
   p.q_stride.l = 68;  // not a multiple of 8 elements
   EXPECT_EQ(cuda::backward_unsupported(p, 9, 0).size(), 1u);
 }
+
+TEST(CudaBackwardReasons, HopperRefusesWhatItCannotRun) {
+  cuda::BackwardParams p;
+  p.B = 1;
+  p.Hq = p.Hkv = 1;
+  p.group = 1;
+  p.Lq = p.Lk = 16;
+  p.D = 64;
+  p.Dv = 256;
+  std::vector<std::string> reasons = cuda::sm90_backward_unsupported(p, 8, 0);
+  ASSERT_GE(reasons.size(), 2u);
+  const std::string all = [&] {
+    std::string joined;
+    for (const std::string& r : reasons) joined += r + "\n";
+    return joined;
+  }();
+  EXPECT_NE(all.find("9.0"), std::string::npos) << all;
+  EXPECT_NE(all.find("Dv = 256"), std::string::npos) << all;
+  p.Dv = 64;
+  if (cuda::sm90_kernels_built()) EXPECT_TRUE(cuda::sm90_backward_unsupported(p, 9, 0).empty());
+  p.dq_stride.l = 68;  // not a multiple of 8 elements
+  reasons = cuda::sm90_backward_unsupported(p, 9, 0);
+  ASSERT_FALSE(reasons.empty());
+  EXPECT_NE(reasons.back().find("dq strides"), std::string::npos) << reasons.back();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CudaBackward, ::testing::Values("cuda", "cuda_sm90"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace memeff

@@ -443,7 +443,7 @@ TEST(CudaDispatch, HopperForwardRunsByDefaultOnComputeCapability90) {
   args.dropout_p = 0.1;
   EXPECT_EQ(forward(args, dout.view, dlse.view).backend, "cuda_sm90");
   const Explanation ex = explain(args, Pass::backward);
-  EXPECT_EQ(ex.chosen, "cuda") << "the backward goes to the mma.sync kernels";
+  EXPECT_EQ(ex.chosen, "cuda_sm90") << "the backward runs on the Hopper kernels too";
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Masking and the additive bias on a score fragment (the m16n8 C layout of src/cuda/common/
 // softmax.cuh), shared by both kernel families: keys past the end of the sequence and, with a
 // causal mask, keys after the (shifted) diagonal become -inf; the bias is read per element with
-// its broadcast strides.
+// its broadcast strides; rows that see a single key (whose dS is exactly 0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +33,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[kNT][4], std::int64_t row
         if (8 * n + e >= lim) s[n][2 * hh + e] = -INFINITY;
       }
   }
+}
+
+// Whether query row i sees exactly one key (Lk = 1, or with a causal mask the row on the first
+// key's diagonal). Its softmax is the constant 1 whatever the score, so its dS is exactly 0; the
+// backward's P·(dP - D) would leave the rounding residue of D = rowsum(dO ∘ O) taken on the
+// stored output instead.
+__device__ __forceinline__ bool sees_one_key(std::int64_t i, std::int64_t Lk, bool causal,
+                                             std::int64_t causal_shift) {
+  return (causal ? min(Lk, i + causal_shift + 1) : Lk) == 1;
 }
 
 template <class T>

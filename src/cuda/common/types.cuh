@@ -1,6 +1,6 @@
 // Element types shared by both kernel families (sm80 mma.sync, sm90 wgmma): the 16-bit input types,
-// their conversions to and from fp32, packing of fp32 pairs into one 32-bit operand register, and
-// the 32-bit shared-memory address of a pointer.
+// their conversions to and from fp32, packing of fp32 pairs into one 32-bit operand register, a
+// lane's share of a row's dot product, and the 32-bit shared-memory address of a pointer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,6 +56,22 @@ template <>
 __device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+// This lane's share of Σ_e a[e]·b[e] over n elements (n a multiple of 8, rows 16-byte aligned)
+// when `lanes` lanes share the row: 16-byte loads of both at lane·8, lane·8 + 8·lanes, ...
+template <class T>
+__device__ __forceinline__ float row_dot_share(const T* a, const T* b, int n, int lane, int lanes) {
+  float acc = 0.f;
+  for (int e0 = lane * 8; e0 < n; e0 += lanes * 8) {
+    const uint4 av = *reinterpret_cast<const uint4*>(a + e0);
+    const uint4 bv = *reinterpret_cast<const uint4*>(b + e0);
+    const T* ae = reinterpret_cast<const T*>(&av);
+    const T* be = reinterpret_cast<const T*>(&bv);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc += to_float(ae[k]) * to_float(be[k]);
+  }
+  return acc;
 }
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* ptr) {

@@ -33,13 +33,8 @@ std::vector<std::string> backward_unsupported(const BackwardParams& p, int sm_ma
                       " is not a multiple of 8 in [8, 256]");
   }
   // Pointers are null when only the problem is known (dispatch); checked again with the views.
-  const void* ptrs[] = {p.q, p.k, p.v, p.out, p.dout, p.dq, p.dk, p.dv};
-  for (const void* ptr : ptrs) {
-    if (ptr != nullptr && !aligned16(ptr)) {
-      reasons.push_back("q, k, v, out, dout, dq, dk and dv must start on 16-byte boundaries");
-      break;
-    }
-  }
+  check_aligned16(reasons, {p.q, p.k, p.v, p.out, p.dout, p.dq, p.dk, p.dv},
+                  "q, k, v, out, dout, dq, dk and dv must start on 16-byte boundaries");
   check_strides(reasons, "q", p.q_stride);
   check_strides(reasons, "k", p.k_stride);
   check_strides(reasons, "v", p.v_stride);

@@ -33,6 +33,14 @@ bool sm90_kernels_built();
 // the error (cudaErrorNoKernelImageForDevice for a device none of them covers).
 cudaError_t probe_kernel_image();
 
+// The sm90 (Hopper) backward: writes dq, dk, dv and dbias like launch_backward, with its own
+// workspace (sm90_backward_workspace_bytes, 16-byte aligned). src/cuda/launch/sm90_bwd_launch.cu
+void launch_backward_sm90(const BackwardParams& params, void* workspace, ElemType type,
+                          cudaStream_t stream);
+std::size_t sm90_backward_workspace_bytes(const BackwardParams& params);
+std::vector<std::string> sm90_backward_unsupported(const BackwardParams& params, int sm_major,
+                                                   int sm_minor);
+
 // Backward: writes dq, dk, dv and dbias. `workspace` holds backward_workspace_bytes(params)
 // bytes (16-byte aligned); the launcher carves softmax_d, dq_accum and its other scratch from it.
 // src/cuda/launch/bwd_launch.cu

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,18 @@ int head_dim_bucket(const Buckets& buckets, int d) {
 
 inline bool aligned16(const void* ptr) {
   return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0;
+}
+
+// Adds `reason` when one of the pointers (null ones are unknown yet: skipped) is not 16-byte
+// aligned.
+inline void check_aligned16(std::vector<std::string>& reasons,
+                            std::initializer_list<const void*> ptrs, const char* reason) {
+  for (const void* ptr : ptrs) {
+    if (ptr != nullptr && !aligned16(ptr)) {
+      reasons.push_back(reason);
+      return;
+    }
+  }
 }
 
 // Adds a reason when a tensor's B/H/L strides are not multiples of 8 elements.

@@ -74,14 +74,6 @@ void run_bucket(const sm90::ForwardTmaParams& tp, bool bf16, int multiprocessors
        : sm90::run_forward<__half, kHeadDim>(tp, multiprocessors, stream);
 }
 
-void encode_or_throw(CUtensorMap& map, const sm90::TmaTensor& t, int box_rows, const char* name) {
-  const std::string error = sm90::encode_tma_4d(map, t, box_rows);
-  if (!error.empty()) {
-    throw Error(ErrorCode::unsupported,
-                std::string("cuda_sm90 forward: TMA descriptor of `") + name + "`: " + error);
-  }
-}
-
 }  // namespace
 
 void launch_forward_sm90(const ForwardParams& params, ElemType type, int multiprocessors,
@@ -98,19 +90,19 @@ void launch_forward_sm90(const ForwardParams& params, ElemType type, int multipr
   const bool bf16 = type == ElemType::bf16;
   sm90::ForwardTmaParams tp{};
   tp.p = params;
-  encode_or_throw(tp.q,
-                  {params.q, bf16, params.B, params.Hq, params.Lq, params.D, params.q_stride.b,
-                   params.q_stride.h, params.q_stride.l},
-                  tile.block_m, "q");
+  sm90::encode_tma_4d_or_throw(
+      tp.q,
+      sm90::tma_tensor(params.q, bf16, params.B, params.Hq, params.Lq, params.D, params.q_stride),
+      tile.block_m, "cuda_sm90 forward: `q`");
   if (params.Lk > 0) {  // with no keys the kernel loads only Q
-    encode_or_throw(tp.k,
-                    {params.k, bf16, params.B, params.Hkv, params.Lk, params.D, params.k_stride.b,
-                     params.k_stride.h, params.k_stride.l},
-                    tile.block_n, "k");
-    encode_or_throw(tp.v,
-                    {params.v, bf16, params.B, params.Hkv, params.Lk, params.Dv, params.v_stride.b,
-                     params.v_stride.h, params.v_stride.l},
-                    tile.block_n, "v");
+    sm90::encode_tma_4d_or_throw(tp.k,
+                                 sm90::tma_tensor(params.k, bf16, params.B, params.Hkv, params.Lk,
+                                                  params.D, params.k_stride),
+                                 tile.block_n, "cuda_sm90 forward: `k`");
+    sm90::encode_tma_4d_or_throw(tp.v,
+                                 sm90::tma_tensor(params.v, bf16, params.B, params.Hkv, params.Lk,
+                                                  params.Dv, params.v_stride),
+                                 tile.block_n, "cuda_sm90 forward: `v`");
   }
   switch (bucket) {
     case 64:

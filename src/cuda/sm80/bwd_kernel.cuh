@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/bwd_dbias.cuh"
 #include "cuda/common/dropout_frag.cuh"
+#include "cuda/common/mask.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/params.h"
 #include "cuda/sm80/mma.cuh"
@@ -81,15 +83,7 @@ __global__ void bwd_preprocess_kernel(BackwardParams p, float* dbias_accum,
     const T* o = static_cast<const T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + i * p.out_stride.l;
     const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h +
                  i * p.dout_stride.l;
-    float acc = 0.f;
-    for (int e0 = lane * 8; e0 < p.Dv; e0 += 32 * 8) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + e0);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d + e0);
-      const T* oe = reinterpret_cast<const T*>(&ov);
-      const T* de = reinterpret_cast<const T*>(&dv);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc += to_float(oe[k]) * to_float(de[k]);
-    }
+    float acc = row_dot_share(o, d, p.Dv, lane, 32);
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, s);
     if (lane == 0) p.softmax_d[r] = acc;
@@ -113,25 +107,6 @@ __global__ void bwd_convert_dq_kernel(BackwardParams p) {
     const float2 v = *reinterpret_cast<const float2*>(p.dq_accum + r * p.D + e);
     T* dst = static_cast<T*>(p.dq) + b * p.dq_stride.b + h * p.dq_stride.h + i * p.dq_stride.l + e;
     *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(v.x * p.scale, v.y * p.scale);
-  }
-}
-
-// dbias (dtype of the bias: fp32 or T) from its fp32 accumulator [dB, dH, dL, Lk] (contiguous);
-// with accum == nullptr it writes zeros.
-template <class T>
-__global__ void bwd_convert_dbias_kernel(BackwardParams p, const float* accum) {
-  const std::int64_t n1 = p.dbias_shape[1], n2 = p.dbias_shape[2], n3 = p.Lk;
-  const std::int64_t total = p.dbias_shape[0] * n1 * n2 * n3;
-  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < total;
-       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t j = k % n3, i = (k / n3) % n2, h = (k / (n3 * n2)) % n1, b = k / (n3 * n2 * n1);
-    const std::int64_t off = b * p.dbias_stride.b + h * p.dbias_stride.h + i * p.dbias_stride.l + j;
-    const float v = accum != nullptr ? accum[k] : 0.f;
-    if (p.bias_is_fp32) {
-      static_cast<float*>(p.dbias)[off] = v;
-    } else {
-      static_cast<T*>(p.dbias)[off] = from_float<T>(v);
-    }
   }
 }
 
@@ -337,6 +312,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         const float dl = delta[qi];
         std::uint32_t kbits = 0xFFFFu;
         if (p.has_dropout) kbits = keep[(kb64 * kBr + qi) * 4 + (g >> 1)];
+        const bool zero_ds =
+            need_mask && sees_one_key(m0 + qi, p.Lk, p.causal != 0, p.causal_shift);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = 2 * hh + e;
@@ -353,7 +330,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           float z = 1.f;
           if (p.has_dropout) z = ((kbits >> (byte_lo + 2 * hh)) & 1u) ? keep_scale : 0.f;
           s[n][r] = pv * z;
-          dp[n][r] = pv * (z * dp[n][r] - dl);
+          dp[n][r] = zero_ds ? 0.f : pv * (z * dp[n][r] - dl);
         }
       }
     }
@@ -391,56 +368,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       *reinterpret_cast<std::uint32_t*>(sdS + (key_row0 + g + 8) * Tr::kDsPad + qc) =
           pack2<T>(dp[n][2], dp[n][3]);
     }
-    if (extra.dbias_mode == 1) {
-      const std::int64_t base = b * p.dbias_stride.b + h * p.dbias_stride.h;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const std::int64_t i = m0 + n * 8 + 2 * t + (r & 1);
-          const std::int64_t j = (r >> 1) ? j_hi : j_lo;
-          if (i < p.Lq && j < p.Lk) {
-            const std::int64_t off = base + i * p.dbias_stride.l + j;
-            if (p.bias_is_fp32) static_cast<float*>(p.dbias)[off] = dp[n][r];
-            else static_cast<T*>(p.dbias)[off] = from_float<T>(dp[n][r]);
-          }
-        }
-      }
-    } else if (extra.dbias_mode == 2) {
-      const std::int64_t db = p.dbias_shape[0] == 1 ? 0 : b;
-      const std::int64_t dh = p.dbias_shape[1] == 1 ? 0 : h;
-      const std::int64_t row_base = (db * p.dbias_shape[1] + dh) * p.dbias_shape[2];
-      if (p.dbias_shape[2] == 1 && p.Lq > 1) {
-        // Broadcast over query rows: sum this warp's columns, then over the 4 lanes of a row.
-        float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          sum_lo += dp[n][0] + dp[n][1];
-          sum_hi += dp[n][2] + dp[n][3];
-        }
-#pragma unroll
-        for (int sh = 1; sh < 4; sh <<= 1) {
-          sum_lo += __shfl_xor_sync(0xFFFFFFFFu, sum_lo, sh);
-          sum_hi += __shfl_xor_sync(0xFFFFFFFFu, sum_hi, sh);
-        }
-        if (t == 0) {
-          if (j_lo < p.Lk) atomicAdd(extra.dbias_accum + row_base * p.Lk + j_lo, sum_lo);
-          if (j_hi < p.Lk) atomicAdd(extra.dbias_accum + row_base * p.Lk + j_hi, sum_hi);
-        }
-      } else {
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const std::int64_t i = m0 + n * 8 + 2 * t + (r & 1);
-            const std::int64_t j = (r >> 1) ? j_hi : j_lo;
-            if (i < p.Lq && j < p.Lk) {
-              atomicAdd(extra.dbias_accum + (row_base + i) * p.Lk + j, dp[n][r]);
-            }
-          }
-        }
-      }
-    }
+    write_dbias<T>(p, extra.dbias_mode, extra.dbias_accum, dp, 1.0f, b, h, m0, j_lo, j_hi, t);
     __syncthreads();
 
     // dQ (kBr × kD) += dS·K: warp (wm, wn) owns 16 query rows × kDqCols columns.

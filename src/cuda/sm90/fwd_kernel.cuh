@@ -183,8 +183,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const std::uint32_t q_off = (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
       const std::uint32_t k_off =
           stage * Tr::kKVBytes + (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
-      Wgmma<T, kBlockN>::template ss<0>(s, desc_advance(q_desc, q_off), desc_advance(k_desc, k_off),
-                                        ks > 0 ? 1 : 0);
+      Wgmma<T, kBlockN>::template ss<0, 0>(s, desc_advance(q_desc, q_off),
+                                           desc_advance(k_desc, k_off), ks > 0 ? 1 : 0);
     }
   };
   float o[kDT][4];

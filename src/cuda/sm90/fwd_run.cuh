@@ -11,34 +11,20 @@
 #include "cuda/check.h"
 #include "cuda/sm90/fwd_dispatch.cuh"
 #include "cuda/sm90/fwd_kernel.cuh"
+#include "cuda/sm90/kernel_setup.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda::sm90 {
 
 using cuda::check_cuda;
-using cuda::once_per_device;
 
 template <class T, class Tr, bool kDropout, bool kBias>
 void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
                            cudaStream_t stream) {
   auto kernel = attention_forward_sm90_kernel<T, Tr, kDropout, kBias>;
   constexpr int kSmem = Tr::kSmemBytes;
-  // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
-  static std::atomic<unsigned long long> opted_in{0};
-  once_per_device(opted_in, [&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "cudaFuncSetAttribute(sm90 forward kernel, max dynamic shared memory)");
-    // The consumers' setmaxnreg.inc would wait forever if the launch allocated fewer registers
-    // than the split needs (fwd_traits.cuh); refuse instead.
-    cudaFuncAttributes attr{};
-    check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes(sm90 forward kernel)");
-    if (128 * (Tr::kProducerRegs + Tr::kConsumers * Tr::kConsumerRegs) >
-        attr.numRegs * Tr::kThreads) {
-      throw Error(ErrorCode::unsupported,
-                  "cuda_sm90 forward: the kernel was built with " + std::to_string(attr.numRegs) +
-                      " registers per thread, too few for its setmaxnreg split");
-    }
-  });
+  static std::atomic<unsigned long long> prepared{0};
+  setup_warp_specialized<Tr>(prepared, kernel, "sm90 forward kernel");
   const ForwardParams& p = params.p;
   // Work items: query block x batch·head (sm90_forward_unsupported bounds their count by 2^31 - 1).
   // Without a causal mask every item costs the same, so a persistent grid (one CTA per SM, each

@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) instructions the sm90 kernels are built from, as thin inline-PTX wrappers:
 // mbarriers (arrive, expect-tx, parity wait), the tensor memory accelerator (TMA: 4-d tiled loads
-// into shared memory completing on an mbarrier), named barriers, setmaxnreg, the wgmma fence /
-// commit / wait and the shared-memory matrix descriptors wgmma reads its operands through.
+// into shared memory completing on an mbarrier), bulk reductions, proxy fences, named barriers,
+// setmaxnreg, the wgmma fence / commit / wait and the shared-memory matrix descriptors wgmma reads
+// its operands through.
 //
 // Shared-memory tiles are stored the way TMA's 128-byte swizzle writes them: rows of 64 16-bit
 // elements (128 bytes), 16-byte chunk c of row r at chunk c ^ (r % 8), tiles 1024-byte aligned.
@@ -61,6 +62,50 @@ __device__ __forceinline__ void tma_load_4d(std::uint32_t dst, const void* tenso
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(tensor_map))
                : "memory");
+}
+
+// ---- bulk reductions (no tensor map) -------------------------------------------------------
+// Adds `bytes` of fp32 values in shared memory element-wise into global memory (one asynchronous
+// bulk reduction, performed in L2); grouped by bulk_commit and waited for with bulk_wait*.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src,
+                                                    std::uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<std::uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until at most kPending bulk groups may still read their shared-memory source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+// Waits until at most kPending bulk groups are incomplete (their writes performed).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+// Orders this thread's ordinary shared-memory writes before later asynchronous-proxy accesses
+// (wgmma operand reads, bulk copies) of the same memory.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// The same for global memory: orders asynchronous-proxy writes (bulk reductions) the thread has
+// waited for with its later ordinary accesses, and the other way round.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// ---- ordered flags in global memory (the deterministic backward's turn counters) -------------
+__device__ __forceinline__ int ld_acquire(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* ptr, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 
 // ---- named barriers and register reallocation ----------------------------------------------

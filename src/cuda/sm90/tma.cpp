@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "memeff/error.h"
+
 namespace memeff::cuda::sm90 {
 namespace {
 
@@ -62,6 +64,12 @@ std::string encode_tma_4d(CUtensorMap& map, const TmaTensor& t, int box_rows) {
            std::to_string(s_b) + "): CUresult " + std::to_string(static_cast<int>(r));
   }
   return {};
+}
+
+void encode_tma_4d_or_throw(CUtensorMap& map, const TmaTensor& t, int box_rows,
+                            const std::string& what) {
+  const std::string error = encode_tma_4d(map, t, box_rows);
+  if (!error.empty()) throw Error(ErrorCode::unsupported, what + ": TMA descriptor: " + error);
 }
 
 }  // namespace memeff::cuda::sm90

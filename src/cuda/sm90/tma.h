@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/params.h"
+
 namespace memeff::cuda::sm90 {
 
 struct TmaTensor {
@@ -21,5 +23,16 @@ struct TmaTensor {
 // (the layout wgmma reads); elements outside the tensor load as zeros. Returns an empty string on
 // success, else why the driver refused (the encoder's error names nothing itself).
 std::string encode_tma_4d(CUtensorMap& map, const TmaTensor& t, int box_rows);
+
+// The same, throwing memeff::Error (unsupported) that names `what` ("cuda_sm90 forward: `q`")
+// when the driver refuses.
+void encode_tma_4d_or_throw(CUtensorMap& map, const TmaTensor& t, int box_rows,
+                            const std::string& what);
+
+// A [B, H, L, D] tensor with the kernels' strides (cuda/params.h), as encode_tma_4d takes it.
+inline TmaTensor tma_tensor(const void* data, bool bf16, int B, int H, std::int64_t L, int D,
+                            const Strides& s) {
+  return {data, bf16, B, H, L, D, s.b, s.h, s.l};
+}
 
 }  // namespace memeff::cuda::sm90

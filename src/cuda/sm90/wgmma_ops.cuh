@@ -17,20 +17,21 @@ struct Wgmma;
 
 template <>
 struct Wgmma<__nv_bfloat16, 64> {
-  // D (+)= A·B, A [64 x 16] and B [64 x 16] K-major in shared memory (descriptors).
-  template <int kTransB>
+  // D (+)= A·B, A [64 x 16] and B [64 x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
   __device__ static __forceinline__ void ss(float (&d)[8][4], std::uint64_t desc_a,
                                             std::uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, "
-        "p, 1, 1, 0, %35;\n}\n"
+        "p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
   // D (+)= A·B, A [64 x 16] from registers (the m16n8k16 A layout per warp), B [16 x 64] in
   // shared memory: K-major (kTransB = 0) or N-major (kTransB = 1).
@@ -75,8 +76,9 @@ struct Wgmma<__nv_bfloat16, 96> {
 
 template <>
 struct Wgmma<__nv_bfloat16, 128> {
-  // D (+)= A·B, A [64 x 16] and B [128 x 16] K-major in shared memory (descriptors).
-  template <int kTransB>
+  // D (+)= A·B, A [64 x 16] and B [128 x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
   __device__ static __forceinline__ void ss(float (&d)[16][4], std::uint64_t desc_a,
                                             std::uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -85,7 +87,7 @@ struct Wgmma<__nv_bfloat16, 128> {
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, "
-        "p, 1, 1, 0, %67;\n}\n"
+        "p, 1, 1, %67, %68;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
@@ -94,7 +96,7 @@ struct Wgmma<__nv_bfloat16, 128> {
           "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
           "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
   // D (+)= A·B, A [64 x 16] from registers (the m16n8k16 A layout per warp), B [16 x 128] in
   // shared memory: K-major (kTransB = 0) or N-major (kTransB = 1).
@@ -160,20 +162,21 @@ struct Wgmma<__nv_bfloat16, 256> {
 
 template <>
 struct Wgmma<__half, 64> {
-  // D (+)= A·B, A [64 x 16] and B [64 x 16] K-major in shared memory (descriptors).
-  template <int kTransB>
+  // D (+)= A·B, A [64 x 16] and B [64 x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
   __device__ static __forceinline__ void ss(float (&d)[8][4], std::uint64_t desc_a,
                                             std::uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, "
-        "p, 1, 1, 0, %35;\n}\n"
+        "p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
   // D (+)= A·B, A [64 x 16] from registers (the m16n8k16 A layout per warp), B [16 x 64] in
   // shared memory: K-major (kTransB = 0) or N-major (kTransB = 1).
@@ -218,8 +221,9 @@ struct Wgmma<__half, 96> {
 
 template <>
 struct Wgmma<__half, 128> {
-  // D (+)= A·B, A [64 x 16] and B [128 x 16] K-major in shared memory (descriptors).
-  template <int kTransB>
+  // D (+)= A·B, A [64 x 16] and B [128 x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
   __device__ static __forceinline__ void ss(float (&d)[16][4], std::uint64_t desc_a,
                                             std::uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -228,7 +232,7 @@ struct Wgmma<__half, 128> {
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, "
-        "p, 1, 1, 0, %67;\n}\n"
+        "p, 1, 1, %67, %68;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
@@ -237,7 +241,7 @@ struct Wgmma<__half, 128> {
           "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
           "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
   // D (+)= A·B, A [64 x 16] from registers (the m16n8k16 A layout per warp), B [16 x 128] in
   // shared memory: K-major (kTransB = 0) or N-major (kTransB = 1).

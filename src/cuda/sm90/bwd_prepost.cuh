@@ -1,0 +1,99 @@
+// The small kernels around the sm90 backward's main kernel: the preprocess (delta = rowsum(dO ∘
+// O) and lse·log2(e) in the query-block-padded layout the main kernel's bulk copies read) and
+// the conversion of the fp32 dQ workspace (in the order the consumer warpgroups stage it) into
+// dq in its own dtype and strides.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/softmax.cuh"
+#include "cuda/common/types.cuh"
+#include "cuda/params.h"
+
+namespace memeff::cuda::sm90 {
+
+// delta[r] = Σ_e dO·O (0 past Lq; with dropout divided by keep_scale, i.e. times t/256,
+// exactly, as the main kernel wants it) and lse_log2[r] = lse·log2(e) (+inf past Lq and for rows
+// without a visible key, lse = -inf, so the main kernel's P = exp2(s·scale·log2 e − lse_log2) is
+// 0 there) for the padded rows r = bh·lq_pad + i. kLanes lanes share a row (16 bytes of O and dO
+// each per step, kLanes = Dv/8 rounded up to a power of two); a block of 256 threads covers
+// 256 / kLanes rows of one head; grid (row blocks, heads), heads past 65535 looped.
+template <class T, int kLanes>
+__global__ void bwd_sm90_preprocess_kernel(BackwardParams p, float* lse_log2, std::int64_t lq_pad) {
+  constexpr int kRowsPerBlock = 256 / kLanes;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const std::int64_t i =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const int heads = p.B * p.Hq;
+  for (int bh = static_cast<int>(blockIdx.y); bh < heads; bh += static_cast<int>(gridDim.y)) {
+    const int h = bh % p.Hq, b = bh / p.Hq;
+    float acc = 0.f, l2 = INFINITY;
+    if (i < p.Lq) {
+      const T* o = static_cast<const T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h +
+                   i * p.out_stride.l;
+      const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h +
+                   i * p.dout_stride.l;
+      acc = row_dot_share(o, d, p.Dv, lane, kLanes);
+      const float lse = p.lse[b * p.lse_stride_b + h * p.lse_stride_h + i];
+      l2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+#pragma unroll
+    for (int s = kLanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, s);
+    if (lane == 0 && i < lq_pad) {
+      const std::int64_t r = static_cast<std::int64_t>(bh) * lq_pad + i;
+      p.softmax_d[r] = p.has_dropout ? acc * (static_cast<float>(p.keep_threshold) / 256.0f) : acc;
+      lse_log2[r] = l2;
+    }
+  }
+}
+
+// dq = dq_scale · dq_accum in the output dtype and strides (dq_scale: the softmax scale, times
+// keep_scale with dropout, see bwd_kernel.cuh). The workspace holds, per (bh, query
+// block, consumer warpgroup), a 64 x 64 block as that warpgroup staged it: float4 number
+// f·128 + thread is the thread's accumulators of n8 tile f, rows 16·warp + g and + 8, columns
+// 8f + 2t and + 1 (thread = 32·warp + 4g + t). One thread's unit is (f, warp, g): the four
+// consecutive float4s of t = 0..3, i.e. 8 columns of two rows. A block of 256 threads converts
+// one warpgroup block; grid (2·m_blocks, heads), heads past 65535 looped.
+template <class T, int kBlockM, bool kSplitRows>
+__global__ void bwd_sm90_convert_dq_kernel(BackwardParams p, const float* dq_accum, int m_blocks,
+                                           float dq_scale) {
+  const int m = static_cast<int>(blockIdx.x) >> 1, wg = static_cast<int>(blockIdx.x) & 1;
+  const int f = static_cast<int>(threadIdx.x) >> 5, warp = (threadIdx.x >> 3) & 3,
+            g = threadIdx.x & 7;
+  const int row = 16 * warp + g;
+  const std::int64_t i = static_cast<std::int64_t>(m) * kBlockM + (kSplitRows ? 64 * wg : 0) + row;
+  const int col = (kSplitRows ? 0 : 64 * wg) + 8 * f;
+  if (col >= p.D) return;
+  const int heads = p.B * p.Hq;
+  for (int bh = static_cast<int>(blockIdx.y); bh < heads; bh += static_cast<int>(gridDim.y)) {
+    const int h = bh % p.Hq, b = bh / p.Hq;
+    const std::int64_t block = (static_cast<std::int64_t>(bh) * m_blocks + m) * 2 + wg;
+    const float4* src =
+        reinterpret_cast<const float4*>(dq_accum + block * 64 * 64) + (f * 128 + 32 * warp + 4 * g);
+    float4 v[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) v[t] = src[t];
+    T* dq = static_cast<T*>(p.dq) + b * p.dq_stride.b + h * p.dq_stride.h + col;
+    if (i < p.Lq) {
+      uint4 w;
+      w.x = pack2<T>(v[0].x * dq_scale, v[0].y * dq_scale);
+      w.y = pack2<T>(v[1].x * dq_scale, v[1].y * dq_scale);
+      w.z = pack2<T>(v[2].x * dq_scale, v[2].y * dq_scale);
+      w.w = pack2<T>(v[3].x * dq_scale, v[3].y * dq_scale);
+      *reinterpret_cast<uint4*>(dq + i * p.dq_stride.l) = w;
+    }
+    if (i + 8 < p.Lq) {
+      uint4 w;
+      w.x = pack2<T>(v[0].z * dq_scale, v[0].w * dq_scale);
+      w.y = pack2<T>(v[1].z * dq_scale, v[1].w * dq_scale);
+      w.z = pack2<T>(v[2].z * dq_scale, v[2].w * dq_scale);
+      w.w = pack2<T>(v[3].z * dq_scale, v[3].w * dq_scale);
+      *reinterpret_cast<uint4*>(dq + (i + 8) * p.dq_stride.l) = w;
+    }
+  }
+}
+
+}  // namespace memeff::cuda::sm90

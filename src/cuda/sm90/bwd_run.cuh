@@ -1,0 +1,123 @@
+// Host side of one sm90 backward instantiation: the launch sequence zeroing -> preprocess ->
+// main kernel -> dq (and dbias) conversion, with dropout and bias turned into template
+// arguments. Included only by the per-instantiation files src/cuda/inst/sm90_bwd_*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/common/bwd_dbias.cuh"
+#include "cuda/sm90/bwd_dispatch.cuh"
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_prepost.cuh"
+#include "cuda/sm90/kernel_setup.h"
+#include "memeff/error.h"
+
+namespace memeff::cuda::sm90 {
+
+using cuda::check_cuda;
+
+inline unsigned bwd_sm90_grid_1d(std::int64_t work, int per_block) {
+  const std::int64_t blocks = (work + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65535));
+}
+
+template <class T, class Tr, bool kDropout, bool kBias>
+void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
+  auto kernel = attention_backward_sm90_kernel<T, Tr, kDropout, kBias>;
+  constexpr int kSmem = Tr::kSmemBytes;
+  static std::atomic<unsigned long long> prepared{0};
+  setup_warp_specialized<Tr>(prepared, kernel, "sm90 backward kernel");
+  const BackwardParams& p = tp.p;
+  const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
+  const int heads = p.B * p.Hkv;
+  if (!dbias_cross_cta) {
+    kernel<<<dim3(key_blocks, heads), Tr::kThreads, kSmem, stream>>>(tp);
+    check_cuda(cudaGetLastError(), "attention_backward_sm90_kernel launch");
+    return;
+  }
+  // Deterministic mode with a dbias summed across CTAs (over the batch, or over heads of
+  // different kv heads): one CTA per launch, in a fixed order, so its fp32 atomics land in one
+  // order. Slow, and only for that combination.
+  for (int n = 0; n < key_blocks; ++n) {
+    for (int y = 0; y < heads; ++y) {
+      tp.key_block_base = n;
+      tp.head_base = y;
+      kernel<<<dim3(1, 1), Tr::kThreads, kSmem, stream>>>(tp);
+      check_cuda(cudaGetLastError(), "attention_backward_sm90_kernel launch");
+    }
+  }
+}
+
+template <class T, int kHeadDim>
+void run_backward(BackwardTmaParams tp, const BwdWorkspace& ws, cudaStream_t stream) {
+  using Tr = typename BwdConfig<kHeadDim>::Traits;
+  BackwardParams& p = tp.p;
+  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hq;
+
+  // 1. Zeroed accumulators: dq (every key block adds into it), the deterministic turn counters
+  //    and a reduced dbias.
+  check_cuda(
+      cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(ws.dq_accum_floats) * 4, stream),
+      "cudaMemsetAsync(dq accumulator)");
+  if (p.deterministic) {
+    check_cuda(cudaMemsetAsync(tp.dq_turn, 0, static_cast<std::size_t>(ws.dq_turns) * 4, stream),
+               "cudaMemsetAsync(dq turn counters)");
+  }
+  if (ws.dbias_mode == 2) {
+    check_cuda(cudaMemsetAsync(tp.dbias_accum, 0,
+                               static_cast<std::size_t>(ws.dbias_accum_elems) * 4, stream),
+               "cudaMemsetAsync(dbias accumulator)");
+  }
+  const std::int64_t dbias_elems =
+      static_cast<std::int64_t>(p.dbias_shape[0]) * p.dbias_shape[1] * p.dbias_shape[2] * p.Lk;
+  if (ws.dbias_mode == 1) {  // causal-skipped tiles are never visited: start from zeros
+    bwd_convert_dbias_kernel<T><<<bwd_sm90_grid_1d(dbias_elems, 256), 256, 0, stream>>>(p, nullptr);
+    check_cuda(cudaGetLastError(), "bwd_convert_dbias_kernel (zero) launch");
+  }
+
+  // 2. delta and lse·log2(e), padded to whole query blocks.
+  const unsigned head_blocks = static_cast<unsigned>(std::min<std::int64_t>(heads, 65535));
+  auto preprocess = [&](auto kernel, int lanes) {
+    const std::int64_t row_blocks = (ws.lq_pad * lanes + 255) / 256;
+    kernel<<<dim3(static_cast<unsigned>(row_blocks), head_blocks), 256, 0, stream>>>(p, tp.lse_log2,
+                                                                                     ws.lq_pad);
+    check_cuda(cudaGetLastError(), "bwd_sm90_preprocess_kernel launch");
+  };
+  if (p.Dv <= 64) {
+    preprocess(bwd_sm90_preprocess_kernel<T, 8>, 8);
+  } else {
+    preprocess(bwd_sm90_preprocess_kernel<T, 16>, 16);
+  }
+
+  // 3. The main kernel.
+  const bool dbias_cross_cta =
+      p.deterministic && ws.dbias_mode == 2 &&
+      ((p.dbias_shape[0] == 1 && p.B > 1) || (p.dbias_shape[1] == 1 && p.Hkv > 1));
+  const bool bias = p.bias != nullptr;
+  if (p.has_dropout) {
+    bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)
+         : launch_backward_kernel<T, Tr, true, false>(tp, dbias_cross_cta, stream);
+  } else {
+    bias ? launch_backward_kernel<T, Tr, false, true>(tp, dbias_cross_cta, stream)
+         : launch_backward_kernel<T, Tr, false, false>(tp, dbias_cross_cta, stream);
+  }
+
+  // 4. dq (and a reduced dbias) in the output dtype.
+  bwd_sm90_convert_dq_kernel<T, Tr::kBlockM, Tr::kDqSplitRows>
+      <<<dim3(2 * ws.m_blocks, head_blocks), 256, 0, stream>>>(
+          p, p.dq_accum, ws.m_blocks, p.has_dropout ? p.scale * p.keep_scale : p.scale);
+  check_cuda(cudaGetLastError(), "bwd_sm90_convert_dq_kernel launch");
+  if (ws.dbias_mode == 2) {
+    bwd_convert_dbias_kernel<T>
+        <<<bwd_sm90_grid_1d(dbias_elems, 256), 256, 0, stream>>>(p, tp.dbias_accum);
+    check_cuda(cudaGetLastError(), "bwd_convert_dbias_kernel launch");
+  }
+}
+
+}  // namespace memeff::cuda::sm90
