@@ -105,7 +105,8 @@ def main():
 
         def build(name):
             implementation = mhf.NAME if name == "memeff" else "sdpa"
-            model = cls._from_config(copy.deepcopy(config), attn_implementation=implementation)
+            with device:  # parameters created (and initialized) on the device: quicker
+                model = cls._from_config(copy.deepcopy(config), attn_implementation=implementation)
             return model.to(device).train()
 
         def loss_of(model):
