@@ -52,11 +52,21 @@ std::string encode_tma_4d(CUtensorMap& map, const TmaTensor& t, int box_rows) {
   const cuuint64_t strides[3] = {s_l, s_h, s_b};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r =
-      encode(&map, t.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-             const_cast<void*>(t.data), dims, strides, box, elem_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  auto encode_map = [&] {
+    return encode(&map,
+                  t.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                  const_cast<void*>(t.data), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult r = encode_map();
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // The driver call needs a current context, which a thread gets from its first runtime call
+    // (seen on the H200: PyTorch's autograd device thread reaching the backward before any
+    // runtime call of its own). cudaFree(nullptr) binds the current device's primary context.
+    cudaFree(nullptr);
+    r = encode_map();
+  }
   if (r != CUDA_SUCCESS) {
     return "cuTensorMapEncodeTiled refused dims (" + std::to_string(t.D) + ", " +
            std::to_string(t.L) + ", " + std::to_string(t.H) + ", " + std::to_string(t.B) +
