@@ -22,6 +22,7 @@
 #include "core/builtin_backends.h"
 #include "core/dropout_map.h"
 #include "core/numeric.h"
+#include "core/visible_keys.h"
 #include "cpu/simd_kernels.h"
 #include "memeff/backend.h"
 #include "memeff/error.h"
@@ -174,11 +175,9 @@ std::size_t backward_thread_tile_bytes(const Dims& d) {
 // every head forward, key blocks backward), so a small call neither wakes idle threads nor
 // takes scratch for them.
 int pass_threads(const Problem& pb, Pass pass) {
-  const std::int64_t items = pass == Pass::forward
-                                 ? pb.B * pb.Hq * ((pb.Lq + kBrFwd - 1) / kBrFwd)
-                                 : (pb.Lk + kBc - 1) / kBc;
-  return static_cast<int>(
-      std::clamp<std::int64_t>(items, 1, std::max(1, omp_get_max_threads())));
+  const std::int64_t items = pass == Pass::forward ? pb.B * pb.Hq * ((pb.Lq + kBrFwd - 1) / kBrFwd)
+                                                   : (pb.Lk + kBc - 1) / kBc;
+  return static_cast<int>(std::clamp<std::int64_t>(items, 1, std::max(1, omp_get_max_threads())));
 }
 
 // Memory for a pass: the caller's workspace when given, else our own (freed on return).
@@ -231,16 +230,6 @@ inline int visible_prefix(const Problem& pb, std::int64_t i, std::int64_t j0, in
   if (pb.causal == CausalMode::none) return cols;
   const std::int64_t last = i + pb.causal_shift();  // last visible key
   return static_cast<int>(std::clamp<std::int64_t>(last - j0 + 1, 0, cols));
-}
-
-// Whether query row i sees exactly one key (Lk = 1, or the causal diagonal's first row): its
-// softmax is 1 whatever the score, so its dS is exactly 0, where P·(Z·dP − D_i) would leave the
-// rounding of D_i = rowsum(dO ∘ O) taken on the stored output.
-inline bool sees_one_key(const Problem& pb, std::int64_t i) {
-  const std::int64_t visible = pb.causal == CausalMode::none
-                                   ? pb.Lk
-                                   : std::clamp<std::int64_t>(i + pb.causal_shift() + 1, 0, pb.Lk);
-  return visible == 1;
 }
 
 class CpuBackend final : public Backend {
@@ -550,7 +539,9 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               // P = exp(S·scale + bias − lse), dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
               kern.softmax_grad64(prow, dprow, dsrow, scale, bias_row, valid, lse_r[r], di[r],
                                   dropout ? keep[r] : 0, keep_scale, dropout);
-              if (sees_one_key(pb, i)) std::fill(dsrow, dsrow + kBc, 0.0f);
+              if (sees_one_key(i, pb.Lk, pb.causal != CausalMode::none, pb.causal_shift())) {
+                std::fill(dsrow, dsrow + kBc, 0.0f);  // dS is exactly 0 (core/visible_keys.h)
+              }
               if (dbias) {
                 const TensorView& db = *dbias;
                 const std::int64_t bb = db.shape[0] == 1 ? 0 : b, hh = db.shape[1] == 1 ? 0 : h,

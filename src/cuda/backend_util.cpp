@@ -194,35 +194,39 @@ bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStrea
   return false;
 }
 
-void with_workspace(const std::string& backend, std::size_t needed, const Options& options,
-                    cudaStream_t stream, const std::function<void(void*)>& launch) {
-  void* workspace = options.workspace;
-  bool owned = false;
-  if (needed > 0) {
-    if (workspace != nullptr) {
-      if (options.workspace_bytes < needed) {
-        throw Error(ErrorCode::invalid_argument, "argument `workspace_bytes`: the " + backend +
-                                                     " backward needs " + std::to_string(needed) +
-                                                     " bytes of workspace, got " +
-                                                     std::to_string(options.workspace_bytes));
-      }
-      if ((reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0) {
-        throw Error(ErrorCode::invalid_argument,
-                    "argument `workspace`: expected a 16-byte aligned pointer");
-      }
-    } else {
-      check(cudaMallocAsync(&workspace, needed, stream),
-            ("cudaMallocAsync(" + backend + " backward workspace)").c_str());
-      owned = true;
+StreamWorkspace::StreamWorkspace(const char* backend, std::size_t needed, const Options& options,
+                                 cudaStream_t stream)
+    : data_(options.workspace), stream_(stream) {
+  if (needed == 0) return;
+  if (data_ != nullptr) {
+    if (options.workspace_bytes < needed) {
+      throw Error(ErrorCode::invalid_argument,
+                  std::string("argument `workspace_bytes`: the ") + backend + " backward needs " +
+                      std::to_string(needed) + " bytes of workspace, got " +
+                      std::to_string(options.workspace_bytes));
     }
+    if ((reinterpret_cast<std::uintptr_t>(data_) & 15u) != 0) {
+      throw Error(ErrorCode::invalid_argument,
+                  "argument `workspace`: expected a 16-byte aligned pointer");
+    }
+    return;
   }
-  try {
-    launch(workspace);
-  } catch (...) {
-    if (owned) cudaFreeAsync(workspace, stream);
-    throw;
+  const cudaError_t err = cudaMallocAsync(&data_, needed, stream);
+  if (err != cudaSuccess) {
+    data_ = nullptr;
+    check(err, (std::string("cudaMallocAsync(") + backend + " backward workspace)").c_str());
   }
-  if (owned) check(cudaFreeAsync(workspace, stream), "cudaFreeAsync(backward workspace)");
+  owned_ = true;
+}
+
+void StreamWorkspace::release() {
+  if (!owned_) return;
+  owned_ = false;
+  check(cudaFreeAsync(data_, stream_), "cudaFreeAsync(backward workspace)");
+}
+
+StreamWorkspace::~StreamWorkspace() {
+  if (owned_) cudaFreeAsync(data_, stream_);
 }
 
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc) {

@@ -59,10 +59,24 @@ void fill_dbias_shape(cuda::BackwardParams& p, const Problem& pb);
 // The backward's empty edges, alike for every CUDA backend: B·Hq = 0 does nothing, Lk = 0 gives
 // dq = 0, Lq = 0 gives dk = dv = dbias = 0. Returns whether the call was one of them.
 bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream);
-// Calls `launch` with `needed` bytes of workspace: the caller's (Options::workspace, checked for
-// size and 16-byte alignment) or a stream-ordered allocation freed after the launch.
-void with_workspace(const std::string& backend, std::size_t needed, const Options& options,
-                    cudaStream_t stream, const std::function<void(void*)>& launch);
+// A backward's `needed` bytes of workspace: the caller's (Options::workspace, checked for size
+// and 16-byte alignment) or a stream-ordered allocation, which release() frees on the stream (and
+// the destructor, unchecked, when a launch threw). `backend` names it in the errors.
+class StreamWorkspace {
+ public:
+  StreamWorkspace(const char* backend, std::size_t needed, const Options& options,
+                  cudaStream_t stream);
+  ~StreamWorkspace();
+  StreamWorkspace(const StreamWorkspace&) = delete;
+  StreamWorkspace& operator=(const StreamWorkspace&) = delete;
+  void* data() const { return data_; }
+  void release();
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool owned_ = false;
+};
 
 // Reasons any fused CUDA kernel refuses a problem before its own checks: not a CUDA device,
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute

@@ -93,9 +93,9 @@ class CudaBackend final : public CudaBackendBase {
     if (!reasons.empty()) {
       throw Error(ErrorCode::unsupported, "cuda backward cannot run these tensors: " + join(reasons, "; "));
     }
-    with_workspace(name(), cuda::backward_workspace_bytes(p), options, stream, [&](void* workspace) {
-      cuda::launch_backward(p, workspace, elem_type(pb.dtype), stream);
-    });
+    StreamWorkspace workspace("cuda", cuda::backward_workspace_bytes(p), options, stream);
+    cuda::launch_backward(p, workspace.data(), elem_type(pb.dtype), stream);
+    workspace.release();
   }
 };
 

@@ -59,4 +59,18 @@ struct BackwardParams : ForwardParams {
   bool deterministic = false;
 };
 
+// Whether dbias sums over a broadcast dimension (B, H or Lq of size 1 where the problem's is not):
+// then it goes through an fp32 accumulator and a conversion.
+inline bool dbias_is_reduced(const BackwardParams& p) {
+  return p.dbias_shape[0] > 0 &&
+         ((p.dbias_shape[0] == 1 && p.B > 1) || (p.dbias_shape[1] == 1 && p.Hq > 1) ||
+          (p.dbias_shape[2] == 1 && p.Lq > 1));
+}
+// Whether that sum crosses the kernels' CTAs, which own one (batch, kv head): over the batch, or
+// over heads of different kv heads. A deterministic backward then runs one CTA per launch.
+inline bool dbias_reduced_across_ctas(const BackwardParams& p) {
+  return p.dbias_shape[0] > 0 &&
+         ((p.dbias_shape[0] == 1 && p.B > 1) || (p.dbias_shape[1] == 1 && p.Hkv > 1));
+}
+
 }  // namespace memeff::cuda

@@ -90,10 +90,10 @@ class CudaSm90Backend final : public CudaBackendBase {
       throw Error(ErrorCode::unsupported,
                   "cuda_sm90 backward cannot run these tensors: " + join(reasons, "; "));
     }
-    with_workspace(name(), cuda::sm90_backward_workspace_bytes(p), options, stream,
-                   [&](void* workspace) {
-                     cuda::launch_backward_sm90(p, workspace, elem_type(pb.dtype), stream);
-                   });
+    StreamWorkspace workspace("cuda_sm90", cuda::sm90_backward_workspace_bytes(p), options,
+                              stream);
+    cuda::launch_backward_sm90(p, workspace.data(), elem_type(pb.dtype), stream);
+    workspace.release();
   }
 };
 

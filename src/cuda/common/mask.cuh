@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/visible_keys.h"
 #include "cuda/common/types.cuh"
 
 namespace memeff::cuda {
@@ -35,14 +36,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kNT][4], std::int64_t row
   }
 }
 
-// Whether query row i sees exactly one key (Lk = 1, or with a causal mask the row on the first
-// key's diagonal). Its softmax is the constant 1 whatever the score, so its dS is exactly 0; the
-// backward's P·(dP - D) would leave the rounding residue of D = rowsum(dO ∘ O) taken on the
-// stored output instead.
-__device__ __forceinline__ bool sees_one_key(std::int64_t i, std::int64_t Lk, bool causal,
-                                             std::int64_t causal_shift) {
-  return (causal ? min(Lk, i + causal_shift + 1) : Lk) == 1;
-}
+using detail::sees_one_key;  // rows whose dS is exactly 0 (core/visible_keys.h)
 
 template <class T>
 __device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::int64_t index) {

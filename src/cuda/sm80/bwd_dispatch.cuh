@@ -32,8 +32,7 @@ inline BwdWorkspace backward_workspace_layout(const BackwardParams& p) {
   ws.total = ws.dbias_accum;
   // dbias_shape is known when the caller filled it (always when dbias is given).
   if (p.dbias_shape[0] > 0) {
-    const bool reduced = (p.dbias_shape[0] == 1 && p.B > 1) || (p.dbias_shape[1] == 1 && p.Hq > 1) ||
-                         (p.dbias_shape[2] == 1 && p.Lq > 1);
+    const bool reduced = dbias_is_reduced(p);
     if (reduced) {
       ws.dbias_accum_elems = static_cast<std::int64_t>(p.dbias_shape[0]) * p.dbias_shape[1] *
                              p.dbias_shape[2] * p.Lk;

@@ -88,9 +88,7 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
     // One launch per key block: each dq_accum element then receives one atomic per launch, in
     // key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also
     // needs one CTA per launch.
-    const bool dbias_cross_cta =
-        ws.dbias_mode == 2 && ((p.dbias_shape[0] == 1 && p.B > 1) ||
-                               (p.dbias_shape[1] == 1 && p.Hkv > 1));
+    const bool dbias_cross_cta = ws.dbias_mode == 2 && dbias_reduced_across_ctas(p);
     for (int n = 0; n < key_blocks; ++n) {
       extra.key_block_base = n;
       if (!dbias_cross_cta) {

@@ -97,8 +97,7 @@ void run_backward(BackwardTmaParams tp, const BwdWorkspace& ws, cudaStream_t str
 
   // 3. The main kernel.
   const bool dbias_cross_cta =
-      p.deterministic && ws.dbias_mode == 2 &&
-      ((p.dbias_shape[0] == 1 && p.B > 1) || (p.dbias_shape[1] == 1 && p.Hkv > 1));
+      p.deterministic && ws.dbias_mode == 2 && dbias_reduced_across_ctas(p);
   const bool bias = p.bias != nullptr;
   if (p.has_dropout) {
     bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)

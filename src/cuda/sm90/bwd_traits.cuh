@@ -22,8 +22,8 @@ struct BackwardTmaParams {
   // so their probabilities are 0) and rowsum(dO ∘ O) (0 in the padding). p.softmax_d is delta.
   float* lse_log2 = nullptr;
   // [B·Hq][m_blocks][2][64·64] fp32 partial sums of dQ in the order the consumer warpgroups
-  // hold them (bwd_dq_index), reduced into by every key block; p.dq_accum points here.
-  // dbias accumulator [dB, dH, dL, Lk] when dbias is reduced over broadcast dimensions.
+  // hold them (see bwd_sm90_convert_dq_kernel), reduced into by every key block; p.dq_accum points
+  // here. dbias accumulator [dB, dH, dL, Lk] when dbias is reduced over broadcast dimensions.
   float* dbias_accum = nullptr;
   int dbias_mode = 0;  // 0 none, 1 written directly, 2 fp32 atomics into dbias_accum
   // Deterministic mode: [B·Hq][m_blocks][2] turn counters; key block n adds its dQ partial to
@@ -126,13 +126,6 @@ struct BwdWorkspace {
   int m_blocks = 0;
   int dbias_mode = 0;  // 0 no dbias, 1 written directly, 2 fp32 accumulator + convert
 };
-
-// Whether dbias sums over a broadcast dimension (then it goes through an fp32 accumulator).
-inline bool dbias_is_reduced(const BackwardParams& p) {
-  return p.dbias_shape[0] > 0 &&
-         ((p.dbias_shape[0] == 1 && p.B > 1) || (p.dbias_shape[1] == 1 && p.Hq > 1) ||
-          (p.dbias_shape[2] == 1 && p.Lq > 1));
-}
 
 inline BwdWorkspace backward_workspace_layout(const BackwardParams& p, int bucket) {
   auto align = [](std::size_t n) { return (n + 255) / 256 * 256; };
