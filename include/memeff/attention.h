@@ -37,6 +37,26 @@ struct RngState {
   const std::uint64_t* device_offset = nullptr;  // if set, overrides `offset` (CUDA only)
 };
 
+// Packed variable-length sequences (docs/api.md, "Packed sequences"). Sequence s owns query rows
+// [cu_seqlens_q[s], cu_seqlens_q[s+1]) of q and key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]) of
+// k and v, and attends only within itself. With `AttentionArgs::packed` set the tensors have no
+// batch dimension (strides free, last dimension contiguous):
+//   q [total_q, Hq, D]   k [total_k, Hkv, D]   v [total_k, Hkv, Dv]
+//   out [total_q, Hq, Dv]   lse [Hq, total_q] fp32   gradients shaped as their tensors
+// Causal modes apply per sequence (bottom_right aligns each sequence's last query with its last
+// key) and dropout element (s, h, i, j), i and j positions inside sequence s, is the padded
+// batch's element (b = s, h, i, j): packing never changes the mask. A bias is not supported.
+struct PackedSequences {
+  TensorView cu_seqlens_q;  // int32 [S + 1] on the device of q: 0, non-decreasing, total_q last
+  TensorView cu_seqlens_k;  // int32 [S + 1] on the device of q: 0, non-decreasing, total_k last
+  std::int64_t max_seqlen_q = 0;  // at least every sequence's query length
+  std::int64_t max_seqlen_k = 0;  // at least every sequence's key length
+  // Read the offsets and check them (on CUDA a copy to the host and a stream synchronization;
+  // skipped while the stream captures a CUDA graph). Unchecked offsets never make a kernel read
+  // or write outside the tensors (they are clamped into them), but give meaningless results.
+  bool check_offsets = true;
+};
+
 struct AttentionArgs {
   TensorView q, k, v;
   std::optional<TensorView> bias;
@@ -44,6 +64,7 @@ struct AttentionArgs {
   CausalMode causal = CausalMode::none;
   double dropout_p = 0.0;  // in [0, 1)
   RngState rng{};
+  std::optional<PackedSequences> packed;  // set: q, k, v, out, lse are packed (see above)
 };
 
 enum class Pass : std::uint8_t { forward, backward };
@@ -66,7 +87,7 @@ struct CallInfo {
   double p_effective = 0.0;  // the dropout probability actually applied (1 - t/256)
 };
 
-struct BackwardTensors {
+struct BackwardTensors {  // packed calls: dout, dq like out and q; dk, dv like k and v
   TensorView dout;  // [B, Hq, Lq, Dv]
   TensorView out;   // forward's out
   TensorView lse;   // forward's lse
@@ -93,6 +114,10 @@ std::size_t workspace_size(const AttentionArgs& args, Pass pass, const Options& 
 // the backward counts 2.5 times this.
 double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
                        std::int64_t D, CausalMode causal);
+// The same for packed sequences of the given query and key lengths (the sum over sequences).
+double attention_flops_packed(const std::vector<std::int64_t>& seqlens_q,
+                              const std::vector<std::int64_t>& seqlens_k, std::int64_t Hq,
+                              std::int64_t D, CausalMode causal);
 
 const char* version();
 

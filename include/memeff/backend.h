@@ -32,6 +32,14 @@ struct Problem {
   // Every q/k/v/out/gradient view starts on a 16-byte boundary and its B, H and L strides are
   // whole 16-byte steps: what kernels loading 16-byte vectors need. Set by the validators.
   bool vector_aligned = true;
+  // Packed sequences (AttentionArgs::packed): B is the number of sequences S, Lq and Lk the
+  // maximum lengths, total_q and total_k the rows of the packed tensors. Per-sequence lengths
+  // live in the offsets only, so causal_shift() is per sequence there (Lk_s - Lq_s).
+  bool packed = false;
+  std::int64_t total_q = 0, total_k = 0;
+  // The batch index the dropout map gives b = 0: a backend that runs packed sequences one at a
+  // time as B = 1 problems sets it to the sequence, so the mask stays (b = s, h, i, j).
+  std::int64_t rng_batch0 = 0;
 
   bool has_dropout() const { return dropout.threshold < 256; }
   std::int64_t group_size() const { return Hkv > 0 ? Hq / Hkv : 0; }
@@ -89,5 +97,10 @@ const char* cpu_kernel_isa();
 Problem validate_inputs(const AttentionArgs& args);
 Problem validate_forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse);
 Problem validate_backward(const AttentionArgs& args, const BackwardTensors& grads);
+// The values of a packed call's offsets (host copies of cu_seqlens_q and cu_seqlens_k, S + 1
+// entries each): 0 first, non-decreasing, the packed row counts last, no sequence longer than
+// max_seqlen. The validators run it for host tensors; CUDA backends after copying the offsets.
+void validate_packed_offsets(const std::int32_t* cu_seqlens_q, const std::int32_t* cu_seqlens_k,
+                             const Problem& problem);
 
 }  // namespace memeff

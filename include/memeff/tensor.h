@@ -10,7 +10,8 @@
 
 namespace memeff {
 
-enum class DType : std::uint8_t { f32, f16, bf16, f64 };
+// i32 is for index tensors (the packed sequences' cu_seqlens), never for attention data.
+enum class DType : std::uint8_t { f32, f16, bf16, f64, i32 };
 
 enum class DeviceType : std::uint8_t { cpu, cuda };
 

@@ -78,6 +78,7 @@ inline double load_as_double(const TensorView& t, std::int64_t index) {
   switch (t.dtype) {
     case DType::f32: return static_cast<const float*>(t.data)[index];
     case DType::f64: return static_cast<const double*>(t.data)[index];
+    case DType::i32: return static_cast<const std::int32_t*>(t.data)[index];
     case DType::f16: return fp16_to_float(static_cast<const std::uint16_t*>(t.data)[index]);
     case DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(t.data)[index]);
   }
@@ -88,6 +89,7 @@ inline void store_from_double(const TensorView& t, std::int64_t index, double va
   switch (t.dtype) {
     case DType::f32: static_cast<float*>(t.data)[index] = static_cast<float>(value); break;
     case DType::f64: static_cast<double*>(t.data)[index] = value; break;
+    case DType::i32: static_cast<std::int32_t*>(t.data)[index] = static_cast<std::int32_t>(value); break;
     case DType::f16:
       static_cast<std::uint16_t*>(t.data)[index] = float_to_fp16(static_cast<float>(value));
       break;

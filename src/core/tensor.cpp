@@ -1,6 +1,7 @@
 // TensorView helpers and names of the vocabulary types.
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "core/numeric.h"
 #include "memeff/attention.h"
@@ -15,6 +16,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::f64: return 8;
+    case DType::i32: return 4;
   }
   return 0;
 }
@@ -25,6 +27,7 @@ const char* dtype_name(DType dtype) {
     case DType::f16: return "fp16";
     case DType::bf16: return "bf16";
     case DType::f64: return "fp64";
+    case DType::i32: return "int32";
   }
   return "unknown";
 }
@@ -131,6 +134,21 @@ double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::in
   const double f = 4.0 * static_cast<double>(B) * static_cast<double>(Hq) *
                    static_cast<double>(Lq) * static_cast<double>(Lk) * static_cast<double>(D);
   return causal == CausalMode::none ? f : 0.5 * f;
+}
+
+double attention_flops_packed(const std::vector<std::int64_t>& seqlens_q,
+                              const std::vector<std::int64_t>& seqlens_k, std::int64_t Hq,
+                              std::int64_t D, CausalMode causal) {
+  if (seqlens_q.size() != seqlens_k.size()) {
+    throw Error(ErrorCode::invalid_argument,
+                "argument `seqlens_k`: expected " + std::to_string(seqlens_q.size()) +
+                    " lengths (as seqlens_q), got " + std::to_string(seqlens_k.size()));
+  }
+  double total = 0.0;
+  for (std::size_t s = 0; s < seqlens_q.size(); ++s) {
+    total += attention_flops(1, Hq, seqlens_q[s], seqlens_k[s], D, causal);
+  }
+  return total;
 }
 
 const char* version() { return MEMEFF_VERSION; }

@@ -17,6 +17,7 @@ namespace memeff {
 namespace {
 
 constexpr const char* kDimNames = "BHLD";
+constexpr const char* kPackedDimNames = "THD";  // packed: [total rows, heads, head dim]
 
 [[noreturn]] void fail(const std::string& arg, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, "argument `" + arg + "`: " + what);
@@ -78,7 +79,8 @@ void check_dim(const char* name, const TensorView& t, int dim, std::int64_t expe
   if (t.shape[dim] != expected) {
     std::ostringstream os;
     os << "expected size " << expected << " in dimension " << dim;
-    if (dim < 4) os << " (" << kDimNames[dim] << ")";
+    if (t.rank == 4) os << " (" << kDimNames[dim] << ")";
+    if (t.rank == 3) os << " (" << kPackedDimNames[dim] << ")";
     os << " " << why << ", got " << t.shape[dim] << " (" << shape_str(t) << ")";
     fail(name, os.str());
   }
@@ -206,17 +208,107 @@ std::string Problem::describe() const {
   return os.str();
 }
 
-Problem validate_inputs(const AttentionArgs& args) {
+namespace {
+
+void check_offsets_view(const char* name, const TensorView& cu, const TensorView& q) {
+  check_view(name, cu, 1);
+  check_dtype(name, cu, DType::i32, "(sequence offsets)");
+  check_device(name, cu, q.device);
+  if (cu.shape[0] < 1) {
+    fail(name, "expected S + 1 >= 1 entries (0 first, the total last), got " + shape_str(cu));
+  }
+}
+
+// The sizes of a packed call (PackedSequences); the offsets' values are checked separately
+// (validate_packed_offsets), on the host or after a copy from the device.
+Problem packed_problem(const AttentionArgs& args) {
+  const PackedSequences& ps = *args.packed;
+  check_view("q", args.q, 3);
+  check_view("k", args.k, 3);
+  check_view("v", args.v, 3);
+  check_offsets_view("cu_seqlens_q", ps.cu_seqlens_q, args.q);
+  check_offsets_view("cu_seqlens_k", ps.cu_seqlens_k, args.q);
+  if (ps.cu_seqlens_k.shape[0] != ps.cu_seqlens_q.shape[0]) {
+    fail("cu_seqlens_k", "expected " + std::to_string(ps.cu_seqlens_q.shape[0]) +
+                             " entries (as cu_seqlens_q: S + 1), got " +
+                             shape_str(ps.cu_seqlens_k));
+  }
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  Problem p;
+  p.packed = true;
+  p.B = ps.cu_seqlens_q.shape[0] - 1;
+  p.total_q = q.shape[0];
+  p.Hq = q.shape[1];
+  p.D = q.shape[2];
+  p.total_k = k.shape[0];
+  p.Hkv = k.shape[1];
+  p.Dv = v.shape[2];
+  p.Lq = ps.max_seqlen_q;
+  p.Lk = ps.max_seqlen_k;
+  check_dim("k", k, 2, p.D, "(the head dim of q)");
+  check_dim("v", v, 0, p.total_k, "(the packed keys of k)");
+  check_dim("v", v, 1, p.Hkv, "(the heads of k)");
+  if (ps.max_seqlen_q < 0 || ps.max_seqlen_q > std::max<std::int64_t>(p.total_q, 0)) {
+    fail("max_seqlen_q", "expected a value in [0, total_q = " + std::to_string(p.total_q) +
+                             "], got " + std::to_string(ps.max_seqlen_q));
+  }
+  if (ps.max_seqlen_k < 0 || ps.max_seqlen_k > p.total_k) {
+    fail("max_seqlen_k", "expected a value in [0, total_k = " + std::to_string(p.total_k) +
+                             "], got " + std::to_string(ps.max_seqlen_k));
+  }
+  if (p.total_q > std::numeric_limits<std::int32_t>::max() ||
+      p.total_k > std::numeric_limits<std::int32_t>::max()) {
+    fail(p.total_q > p.total_k ? "q" : "k",
+         "packed tensors hold at most 2^31 - 1 rows (int32 offsets), got " + shape_str(
+             p.total_q > p.total_k ? q : k));
+  }
+  if (args.bias) {
+    fail("bias", "not supported with packed sequences (a per-sequence bias has no packed layout "
+                 "here); pad the batch to pass a bias");
+  }
+  return p;
+}
+
+}  // namespace
+
+void validate_packed_offsets(const std::int32_t* cu_q, const std::int32_t* cu_k,
+                             const Problem& p) {
+  const struct {
+    const char* name;
+    const std::int32_t* cu;
+    std::int64_t total, max_len;
+    const char* max_name;
+  } sides[] = {{"cu_seqlens_q", cu_q, p.total_q, p.Lq, "max_seqlen_q"},
+               {"cu_seqlens_k", cu_k, p.total_k, p.Lk, "max_seqlen_k"}};
+  for (const auto& side : sides) {
+    if (side.cu[0] != 0) fail(side.name, "expected 0 first, got " + std::to_string(side.cu[0]));
+    for (std::int64_t s = 0; s < p.B; ++s) {
+      const std::int64_t a = side.cu[s], b = side.cu[s + 1];
+      if (b < a) {
+        fail(side.name, "expected non-decreasing offsets, got " + std::to_string(b) +
+                            " at entry " + std::to_string(s + 1) + " after " + std::to_string(a));
+      }
+      if (b - a > side.max_len) {
+        fail(side.max_name, "sequence " + std::to_string(s) + " has length " +
+                                std::to_string(b - a) + " (" + side.name + "), more than " +
+                                side.max_name + " = " + std::to_string(side.max_len));
+      }
+    }
+    if (side.cu[p.B] != side.total) {
+      fail(side.name, "expected the packed rows' count " + std::to_string(side.total) +
+                          " last, got " + std::to_string(side.cu[p.B]) + " at entry " +
+                          std::to_string(p.B));
+    }
+  }
+}
+
+namespace {
+
+Problem dense_problem(const AttentionArgs& args) {
   check_view("q", args.q, 4);
   check_view("k", args.k, 4);
   check_view("v", args.v, 4);
   const TensorView &q = args.q, &k = args.k, &v = args.v;
-  if (!is_supported_dtype(q.dtype)) fail("q", "unsupported dtype");
-  check_dtype("k", k, q.dtype, "(the dtype of q)");
-  check_dtype("v", v, q.dtype, "(the dtype of q)");
-  check_device("k", k, q.device);
-  check_device("v", v, q.device);
-
   Problem p;
   p.B = q.shape[0];
   p.Hq = q.shape[1];
@@ -225,15 +317,28 @@ Problem validate_inputs(const AttentionArgs& args) {
   p.Hkv = k.shape[1];
   p.Lk = k.shape[2];
   p.Dv = v.shape[3];
-  p.dtype = q.dtype;
-  p.device = q.device;
-  p.vector_aligned = vector_aligned(q) && vector_aligned(k) && vector_aligned(v);
-
   check_dim("k", k, 0, p.B, "(the batch of q)");
   check_dim("k", k, 3, p.D, "(the head dim of q)");
   check_dim("v", v, 0, p.B, "(the batch of q)");
   check_dim("v", v, 1, p.Hkv, "(the heads of k)");
   check_dim("v", v, 2, p.Lk, "(the keys of k)");
+  return p;
+}
+
+}  // namespace
+
+Problem validate_inputs(const AttentionArgs& args) {
+  Problem p = args.packed ? packed_problem(args) : dense_problem(args);
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  if (!is_supported_dtype(q.dtype)) fail("q", "unsupported dtype");
+  check_dtype("k", k, q.dtype, "(the dtype of q)");
+  check_dtype("v", v, q.dtype, "(the dtype of q)");
+  check_device("k", k, q.device);
+  check_device("v", v, q.device);
+  p.dtype = q.dtype;
+  p.device = q.device;
+  p.vector_aligned = vector_aligned(q) && vector_aligned(k) && vector_aligned(v);
+
   if (p.Hkv == 0 && p.Hq != 0) fail("k", "has 0 heads while q has " + std::to_string(p.Hq));
   if (p.Hkv > 0 && p.Hq % p.Hkv != 0) {
     fail("k", "expected a number of heads dividing the query heads (GQA/MQA), got Hkv = " +
@@ -292,11 +397,16 @@ Problem validate_inputs(const AttentionArgs& args) {
     fail("rng", "device_seed/device_offset point to device memory and need CUDA tensors; q is on " +
                     device_name(q.device));
   }
+  if (args.packed && q.device.type == DeviceType::cpu) {  // host offsets: always checked
+    validate_packed_offsets(static_cast<const std::int32_t*>(args.packed->cu_seqlens_q.data),
+                            static_cast<const std::int32_t*>(args.packed->cu_seqlens_k.data), p);
+  }
   return p;
 }
 
-Problem validate_forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse) {
-  Problem p = validate_inputs(args);
+namespace {
+
+void check_dense_outputs(const Problem& p, const TensorView& out, const TensorView& lse) {
   check_view("out", out, 4);
   check_view("lse", lse, 3);
   check_dtype("out", out, p.dtype, "(the dtype of q)");
@@ -315,6 +425,33 @@ Problem validate_forward(const AttentionArgs& args, const TensorView& out, const
                       shape_str(lse));
     }
   }
+}
+
+void check_packed_outputs(const Problem& p, const TensorView& out, const TensorView& lse) {
+  check_view("out", out, 3);
+  check_view("lse", lse, 2);
+  check_dtype("out", out, p.dtype, "(the dtype of q)");
+  check_dtype("lse", lse, DType::f32, "(lse is always fp32)");
+  check_device("out", out, p.device);
+  check_device("lse", lse, p.device);
+  check_dim("out", out, 0, p.total_q, "(the packed queries of q)");
+  check_dim("out", out, 1, p.Hq, "(the heads of q)");
+  check_dim("out", out, 2, p.Dv, "(the head dim of v)");
+  if (lse.shape[0] != p.Hq || lse.shape[1] != p.total_q) {
+    fail("lse", "expected shape [Hq, total_q] = [" + std::to_string(p.Hq) + ", " +
+                    std::to_string(p.total_q) + "] for packed sequences, got " + shape_str(lse));
+  }
+}
+
+}  // namespace
+
+Problem validate_forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse) {
+  Problem p = validate_inputs(args);
+  if (p.packed) {
+    check_packed_outputs(p, out, lse);
+  } else {
+    check_dense_outputs(p, out, lse);
+  }
   check_no_self_overlap("out", out);
   check_no_self_overlap("lse", lse);
   const std::array<Named, 4> inputs = {{{"q", &args.q},
@@ -329,10 +466,11 @@ Problem validate_forward(const AttentionArgs& args, const TensorView& out, const
 
 Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
   Problem p = validate_forward(args, g.out, g.lse);
-  check_view("dout", g.dout, 4);
-  check_view("dq", g.dq, 4);
-  check_view("dk", g.dk, 4);
-  check_view("dv", g.dv, 4);
+  const int rank = p.packed ? 3 : 4;
+  check_view("dout", g.dout, rank);
+  check_view("dq", g.dq, rank);
+  check_view("dk", g.dk, rank);
+  check_view("dv", g.dv, rank);
   const struct {
     const char* name;
     const TensorView* t;
@@ -342,7 +480,9 @@ Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
   for (const auto& s : same_shape) {
     check_dtype(s.name, *s.t, p.dtype, "(the dtype of q)");
     check_device(s.name, *s.t, p.device);
-    for (int d = 0; d < 4; ++d) check_dim(s.name, *s.t, d, s.like->shape[d], "(as its forward tensor)");
+    for (int d = 0; d < rank; ++d) {
+      check_dim(s.name, *s.t, d, s.like->shape[d], "(as its forward tensor)");
+    }
   }
   if (g.dbias && !args.bias) fail("dbias", "given, but the call has no bias");
   std::array<Named, 4> outputs = {

@@ -22,6 +22,7 @@
 #include "core/builtin_backends.h"
 #include "core/dropout_map.h"
 #include "core/numeric.h"
+#include "core/packed.h"
 #include "core/visible_keys.h"
 #include "cpu/simd_kernels.h"
 #include "memeff/backend.h"
@@ -72,6 +73,7 @@ void load_row(const TensorView& t, std::int64_t offset, std::int64_t n, float* d
       for (std::int64_t e = 0; e < n; ++e) dst[e] = fp16_to_float(src[e]);
       break;
     }
+    case DType::i32: break;  // index tensors are never attention data (validation)
   }
 }
 
@@ -99,6 +101,7 @@ void store_row(const TensorView& t, std::int64_t offset, std::int64_t n, const f
       for (std::int64_t e = 0; e < n; ++e) dst[e] = float_to_fp16(src[e] * factor);
       break;
     }
+    case DType::i32: break;
   }
 }
 
@@ -291,6 +294,7 @@ class CpuBackend final : public Backend {
 
 void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
                          const TensorView& lse, const Options& options) {
+  if (pb.packed) return forward_per_sequence(*this, pb, args, out, lse, options);
   if (pb.B == 0) return;  // every tensor is empty
   const CpuKernels& kern = cpu_kernels();
   const Dims d(pb);
@@ -357,8 +361,9 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
         kern.gemm(rows, kBc, static_cast<int>(d.D), qs, static_cast<int>(d.Dp), kt, kBc, s, kBc,
                   false);
         if (dropout) {
-          kern.keep_masks64(key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(i0),
-                            rows, static_cast<std::uint64_t>(j0 / kBc), threshold, keep);
+          kern.keep_masks64(key, static_cast<std::uint64_t>(bh + pb.rng_batch0 * pb.Hq),
+                            static_cast<std::uint64_t>(i0), rows,
+                            static_cast<std::uint64_t>(j0 / kBc), threshold, keep);
         }
         for (int r = 0; r < rows; ++r) {
           float* srow = s + r * kBc;
@@ -390,6 +395,7 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
 
 void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
                           const Options& options) {
+  if (pb.packed) return backward_per_sequence(*this, pb, args, g, options);
   if (pb.B == 0) {  // every tensor is empty but a bias broadcast over B: its gradient is 0
     if (g.dbias) zero_view(*g.dbias);
     return;
@@ -501,7 +507,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
 
         for (std::int64_t hg = 0; hg < G; ++hg) {
           const std::int64_t h = kvh * G + hg;
-          const std::int64_t bh = b * pb.Hq + h;
+          const std::int64_t bh = (pb.rng_batch0 + b) * pb.Hq + h;  // the dropout map's head
           std::int64_t i_begin = 0;  // first query row that sees key j0
           if (pb.causal != CausalMode::none) {
             i_begin = std::clamp<std::int64_t>(j0 - pb.causal_shift(), 0, pb.Lq);

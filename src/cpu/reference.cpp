@@ -8,6 +8,7 @@
 
 #include "core/builtin_backends.h"
 #include "core/numeric.h"
+#include "core/packed.h"
 #include "memeff/backend.h"
 #include "memeff/dropout.h"
 
@@ -38,7 +39,8 @@ class ReferenceBackend final : public Backend {
   std::vector<std::string> reasons_unsupported(const Problem&, Pass) const override { return {}; }
 
   void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
-               const TensorView& lse, const Options&) override {
+               const TensorView& lse, const Options& options) override {
+    if (pb.packed) return forward_per_sequence(*this, pb, args, out, lse, options);
     const std::int64_t rows = pb.B * pb.Hq * pb.Lq;
 #pragma omp parallel for schedule(dynamic, 16)
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -58,7 +60,8 @@ class ReferenceBackend final : public Backend {
   }
 
   void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
-                const Options&) override {
+                const Options& options) override {
+    if (pb.packed) return backward_per_sequence(*this, pb, args, g, options);
     const TensorView &q = args.q, &k = args.k, &v = args.v;
     // Gradients of k, v and bias collect contributions from many rows: accumulate in double.
     std::vector<double> dk(static_cast<std::size_t>(pb.B * pb.Hkv * pb.Lk * pb.D), 0.0);
@@ -176,7 +179,7 @@ class ReferenceBackend final : public Backend {
     if (pb.has_dropout() && pb.Lk > 0) {
       MaskWindow w;
       w.heads = pb.Hq;
-      w.batch_begin = b;
+      w.batch_begin = pb.rng_batch0 + b;
       w.head_begin = h;
       w.row_begin = i;
       w.rows = 1;

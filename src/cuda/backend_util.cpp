@@ -73,6 +73,9 @@ cuda::ElemType elem_type(DType dtype) {
 }
 
 cuda::Strides strides_of(const TensorView& t) {
+  if (t.rank == 3) {  // packed [total, H, last]: sequence b adds its first row (params.h)
+    return cuda::Strides{0, t.shape[1] == 1 ? 0 : t.stride[1], t.stride[0]};
+  }
   // Broadcast (size-1) dimensions read index 0 only: stride 0 keeps the kernels' math uniform.
   return cuda::Strides{t.shape[0] == 1 ? 0 : t.stride[0], t.shape[1] == 1 ? 0 : t.stride[1],
                        t.shape[2] == 1 ? 0 : t.stride[2]};
@@ -95,6 +98,8 @@ void fill_from_problem(cuda::ForwardParams& p, const Problem& pb) {
   p.has_dropout = pb.has_dropout();
   p.keep_threshold = pb.dropout.threshold;
   p.keep_scale = static_cast<float>(pb.dropout.keep_scale);
+  p.total_q = pb.total_q;  // packed calls (the offsets' pointers come with the views)
+  p.total_k = pb.total_k;
 }
 
 void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const TensorView& out,
@@ -108,8 +113,17 @@ void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const Te
   p.k_stride = strides_of(args.k);
   p.v_stride = strides_of(args.v);
   p.out_stride = strides_of(out);
-  p.lse_stride_b = lse.shape[0] == 1 ? 0 : lse.stride[0];
-  p.lse_stride_h = lse.shape[1] == 1 ? 0 : lse.stride[1];
+  if (args.packed) {  // lse [Hq, total_q]: rows are contiguous, sequence b adds its first row
+    p.lse_stride_b = 0;
+    p.lse_stride_h = lse.shape[0] == 1 ? 0 : lse.stride[0];
+    p.cu_seqlens_q = static_cast<const int*>(args.packed->cu_seqlens_q.data);
+    p.cu_seqlens_k = static_cast<const int*>(args.packed->cu_seqlens_k.data);
+    p.total_q = args.q.shape[0];
+    p.total_k = args.k.shape[0];
+  } else {
+    p.lse_stride_b = lse.shape[0] == 1 ? 0 : lse.stride[0];
+    p.lse_stride_h = lse.shape[1] == 1 ? 0 : lse.stride[1];
+  }
   if (args.bias) {
     p.bias = args.bias->data;
     p.bias_stride = strides_of(*args.bias);
@@ -177,6 +191,23 @@ cuda::BackwardParams backward_params(const Problem& pb, const AttentionArgs& arg
   }
   p.deterministic = options.deterministic;
   return p;
+}
+
+void check_packed_offsets(const AttentionArgs& args, const Problem& pb, cudaStream_t stream) {
+  if (!pb.packed || !args.packed->check_offsets) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return;  // no synchronization inside a capture
+  const std::size_t n = static_cast<std::size_t>(pb.B) + 1;
+  std::vector<std::int32_t> host(2 * n);
+  check(cudaMemcpyAsync(host.data(), args.packed->cu_seqlens_q.data, n * sizeof(std::int32_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync(cu_seqlens_q to the host)");
+  check(cudaMemcpyAsync(host.data() + n, args.packed->cu_seqlens_k.data,
+                        n * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync(cu_seqlens_k to the host)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(reading cu_seqlens)");
+  validate_packed_offsets(host.data(), host.data() + n, pb);
 }
 
 bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream) {

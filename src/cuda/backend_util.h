@@ -43,7 +43,8 @@ struct ComputeCapability {
 ComputeCapability compute_capability(int device);
 
 cuda::ElemType elem_type(DType dtype);
-// Strides of a view for the kernels: broadcast (size-1) dimensions get stride 0.
+// Strides of a view for the kernels: broadcast (size-1) dimensions get stride 0; a packed
+// [total, H, last] view gets b stride 0 and its row stride as l (params.h).
 cuda::Strides strides_of(const TensorView& t);
 // Sizes, flags and RNG values only: what reasons_unsupported can know without views.
 void fill_from_problem(cuda::ForwardParams& p, const Problem& pb);
@@ -56,6 +57,9 @@ cuda::BackwardParams backward_params(const Problem& pb, const AttentionArgs& arg
                                      const BackwardTensors& g, const Options& options);
 // The dbias shape a problem's bias gives (what workspace sizes depend on before views exist).
 void fill_dbias_shape(cuda::BackwardParams& p, const Problem& pb);
+// A packed call's offsets, when PackedSequences::check_offsets asks for it: copied to the host
+// (a synchronization of `stream`) and validated; skipped while the stream captures a graph.
+void check_packed_offsets(const AttentionArgs& args, const Problem& pb, cudaStream_t stream);
 // The backward's empty edges, alike for every CUDA backend: B·Hq = 0 does nothing, Lk = 0 gives
 // dq = 0, Lq = 0 gives dk = dv = dbias = 0. Returns whether the call was one of them.
 bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream);

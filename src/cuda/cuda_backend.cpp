@@ -35,6 +35,7 @@ class CudaBackend final : public CudaBackendBase {
     ComputeCapability cc;
     std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
     if (!cc.ok) return reasons;
+    if (pb.packed) reasons.push_back("packed sequences: not in the cuda kernels yet");
     std::vector<std::string> kernel_reasons;
     if (pass == Pass::forward) {
       ForwardParams p;

@@ -183,6 +183,9 @@ class CudaMathBackend final : public CudaBackendBase {
   std::vector<std::string> reasons_unsupported(const Problem& p, Pass pass) const override {
     std::vector<std::string> reasons;
     if (p.device.type != DeviceType::cuda) reasons.push_back("needs CUDA tensors");
+    if (p.packed) {
+      reasons.push_back("packed sequences (cu_seqlens): cuda_math runs dense batches only");
+    }
     if (p.dtype == DType::f64) reasons.push_back("fp64 is not supported (fp32, fp16 and bf16 are)");
     const std::int64_t G = std::max<std::int64_t>(p.group_size(), 1);
     if (G * p.Lq > INT_MAX || p.Lk > INT_MAX || p.D > INT_MAX || p.Dv > INT_MAX) {

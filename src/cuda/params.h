@@ -42,6 +42,15 @@ struct ForwardParams {
   // When non-null, the kernels read seed/offset from device memory (CUDA-graph replays).
   const std::uint64_t* seed_ptr = nullptr;
   const std::uint64_t* offset_ptr = nullptr;
+
+  // Packed sequences (null when dense; common/varlen.cuh reads them). Then B is the number of
+  // sequences, Lq and Lk their maximum lengths, the b strides of q, k, v, out (dout, dq, dk, dv)
+  // and lse are 0, and sequence b's row r is the packed row cu_seqlens_q[b] + r (keys:
+  // cu_seqlens_k[b] + r), r < its own length; offsets are clamped into [0, total_q|total_k].
+  // The causal shift is per sequence (bottom-right: Lk_b - Lq_b); causal_shift above is unused.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  std::int64_t total_q = 0, total_k = 0;
 };
 
 struct BackwardParams : ForwardParams {

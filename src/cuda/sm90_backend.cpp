@@ -28,6 +28,7 @@ class CudaSm90Backend final : public CudaBackendBase {
     ComputeCapability cc;
     std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
     if (!cc.ok) return reasons;
+    if (pb.packed) reasons.push_back("packed sequences: not in the cuda_sm90 kernels yet");
     if (pass == Pass::backward) {
       cuda::BackwardParams p;
       fill_from_problem(p, pb);
