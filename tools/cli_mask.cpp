@@ -1,6 +1,7 @@
 // `memeff mask`: writes the dropout mask of a shape, or a window of it, as the kernels draw it
 // (memeff::dropout_mask, the one map every backend uses). The mask is produced in chunks of
 // rows, so any size streams in bounded memory. Formats: 0/1 text rows, packed bits, or .npy.
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -27,7 +28,15 @@ struct MaskConfig {
   std::string format = "text";
   std::string out = "-";
   bool header = true;
+  // Packed sequences: sequence s is batch s, with its own lengths (empty: a dense batch).
+  std::vector<std::int64_t> seqlens, kv_seqlens;
 };
+
+std::vector<std::int64_t> parse_lengths(const std::string& flag, const std::string& text) {
+  std::vector<std::int64_t> out;
+  for (const std::string& part : split(text, ',')) out.push_back(parse_int(flag, part, 0));
+  return out;
+}
 
 // Elements per chunk: 16 Mi keeps the buffer at 16 MiB whatever the window.
 constexpr std::int64_t kChunkElements = std::int64_t{1} << 24;
@@ -135,18 +144,57 @@ int mask_command(const std::vector<std::string>& argv) {
          }});
   p.add({"--out", "FILE", "output file (default - : stdout)", [&mc](const std::string& v) { mc.out = v; }});
   p.add({"--no-header", "", "text format: no '#' lines", [&mc](const std::string&) { mc.header = false; }});
+  p.add({"--seqlens", "L1,L2,..",
+         "packed sequences of these query lengths: sequence s draws batch s's mask over its own\n"
+         "rows and columns (B is the number of sequences; npy needs one sequence, --b S)",
+         [&mc](const std::string& v) { mc.seqlens = parse_lengths("--seqlens", v); }});
+  p.add({"--kv-seqlens", "L1,L2,..", "key lengths of the packed sequences (default the query lengths)",
+         [&mc](const std::string& v) { mc.kv_seqlens = parse_lengths("--kv-seqlens", v); }});
   p.add_section(
       "example: memeff mask --lq 4 --lk 64 --batch 1 --heads 1 --dropout 0.5 --seed 7\n"
       "         memeff mask --batch 8 --heads 16 --lq 2048 --b 3 --h 5 --rows 100:102 --format npy --out m.npy");
   p.parse(argv);
 
+  const bool packed = !mc.seqlens.empty();
+  if (!mc.kv_seqlens.empty() && !packed) throw UsageError("--kv-seqlens: needs --seqlens");
+  if (packed) {
+    if (mc.kv_seqlens.empty()) mc.kv_seqlens = mc.seqlens;
+    if (mc.kv_seqlens.size() != mc.seqlens.size()) {
+      throw UsageError("--kv-seqlens: expected " + std::to_string(mc.seqlens.size()) +
+                       " lengths (one per --seqlens entry), got " +
+                       std::to_string(mc.kv_seqlens.size()));
+    }
+    mc.B = static_cast<std::int64_t>(mc.seqlens.size());
+    mc.Lq = 0;
+    std::int64_t max_k = 0;
+    for (std::size_t s = 0; s < mc.seqlens.size(); ++s) {
+      mc.Lq = std::max(mc.Lq, mc.seqlens[s]);
+      max_k = std::max(max_k, mc.kv_seqlens[s]);
+    }
+    mc.Lk = max_k;
+  }
   const std::int64_t Lk = mc.Lk.value_or(mc.Lq);
   const IndexRange b = resolve(mc.b, mc.B, "--b", "--batch"), h = resolve(mc.h, mc.H, "--h", "--heads"),
                    rows = resolve(mc.rows, mc.Lq, "--rows", "--lq"), cols = resolve(mc.cols, Lk, "--cols", "--lk");
   const DropoutThreshold dt = dropout_threshold(mc.dropout);
 
+  // A sequence's window: the requested one cut to its own lengths (the whole window when dense).
+  auto rows_of = [&](std::int64_t bi) {
+    if (!packed) return rows;
+    return IndexRange{std::min(rows.begin, mc.seqlens[bi]), std::min(rows.end, mc.seqlens[bi])};
+  };
+  auto cols_of = [&](std::int64_t bi) {
+    if (!packed) return cols;
+    return IndexRange{std::min(cols.begin, mc.kv_seqlens[bi]), std::min(cols.end, mc.kv_seqlens[bi])};
+  };
+  if (packed && mc.format == "npy" && b.size() != 1) {
+    throw UsageError("--format npy: packed sequences have their own shapes; pick one with --b S");
+  }
+
   Output out(mc.out);
-  if (mc.format == "npy") out.write(npy_header({b.size(), h.size(), rows.size(), cols.size()}));
+  if (mc.format == "npy") {
+    out.write(npy_header({b.size(), h.size(), rows_of(b.begin).size(), cols_of(b.begin).size()}));
+  }
   if (mc.format == "text" && mc.header) {
     char probabilities[80];
     std::snprintf(probabilities, sizeof probabilities, "p=%g p_effective=%.9g", mc.dropout, dt.p_effective);
@@ -154,18 +202,31 @@ int mask_command(const std::vector<std::string>& argv) {
               " seed=" + std::to_string(mc.seed) + " offset=" + std::to_string(mc.offset) + " heads=" +
               std::to_string(mc.H) + " (1 = kept)\n");
   }
-  const std::int64_t words = (cols.size() + 63) / 64;
-  const std::int64_t chunk_rows =
-      std::max<std::int64_t>(1, kChunkElements / std::max<std::int64_t>(cols.size(), 1));
   std::vector<std::uint8_t> keep;
   std::vector<std::uint64_t> bits;
   std::string text;
+  std::int64_t packed_row0 = 0, packed_col0 = 0;  // first packed query row and key of sequence b
+  for (std::int64_t s = 0; packed && s < b.begin; ++s) {
+    packed_row0 += mc.seqlens[s];
+    packed_col0 += mc.kv_seqlens[s];
+  }
   for (std::int64_t bi = b.begin; bi < b.end; ++bi) {
+    const IndexRange rows = rows_of(bi), cols = cols_of(bi);
+    const std::int64_t words = (cols.size() + 63) / 64;
+    const std::int64_t chunk_rows =
+        std::max<std::int64_t>(1, kChunkElements / std::max<std::int64_t>(cols.size(), 1));
     for (std::int64_t hi = h.begin; hi < h.end; ++hi) {
       if (mc.format == "text" && mc.header) {
+        std::string where;
+        if (packed) {
+          where = " (packed sequence " + std::to_string(bi) + ": query rows " +
+                  std::to_string(packed_row0) + ":" + std::to_string(packed_row0 + mc.seqlens[bi]) +
+                  ", keys " + std::to_string(packed_col0) + ":" +
+                  std::to_string(packed_col0 + mc.kv_seqlens[bi]) + " of the packed tensors)";
+        }
         out.write("# b=" + std::to_string(bi) + " h=" + std::to_string(hi) + " rows " + std::to_string(rows.begin) +
                   ":" + std::to_string(rows.end) + " cols " + std::to_string(cols.begin) + ":" +
-                  std::to_string(cols.end) + "\n");
+                  std::to_string(cols.end) + where + "\n");
       }
       for (std::int64_t r0 = rows.begin; r0 < rows.end; r0 += chunk_rows) {
         MaskWindow w;
@@ -202,6 +263,10 @@ int mask_command(const std::vector<std::string>& argv) {
         }
         out.write(text);
       }
+    }
+    if (packed) {
+      packed_row0 += mc.seqlens[bi];
+      packed_col0 += mc.kv_seqlens[bi];
     }
   }
   out.close();

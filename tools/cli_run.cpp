@@ -3,7 +3,9 @@
 // double-precision reference with the same dropout mask: on the whole problem, or, when the
 // shape is large, on batch 0 and the first heads (an exact sub-problem, see check_plan()).
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -32,7 +34,16 @@ struct RunConfig {
   std::int64_t warmup = 1;
   std::string check = "auto";
   bool json = false;
+  // Packed sequences (--seqlens, --kv-seqlens): empty for a dense batch.
+  std::vector<std::int64_t> seqlens, kv_seqlens;
 };
+
+std::vector<std::int64_t> parse_lengths(const std::string& flag, const std::string& text) {
+  std::vector<std::int64_t> out;
+  for (const std::string& part : split(text, ',')) out.push_back(parse_int(flag, part, 0));
+  if (out.empty()) throw UsageError(flag + ": expected comma-separated lengths, got `" + text + "`");
+  return out;
+}
 
 // Which part of the problem the reference recomputes. The dropout mask of head h of batch b is
 // keyed by b·Hq + h and row i, column j are absolute, so a view of batch 0 and query heads
@@ -243,6 +254,13 @@ FlagParser make_parser(RunConfig& rc) {
          }});
   p.add({"--json", "", "print one JSON object instead of the text report",
          [&rc](const std::string&) { rc.json = true; }});
+  p.add({"--seqlens", "L1,L2,..",
+         "packed variable-length sequences of these query lengths (cu_seqlens): q [total, Hq, D],\n"
+         "each sequence attends within itself; B, Lq and Lk are then ignored, a bias is refused",
+         [&rc](const std::string& v) { rc.seqlens = parse_lengths("--seqlens", v); }});
+  p.add({"--kv-seqlens", "L1,L2,..",
+         "key lengths of the packed sequences (default: the query lengths)",
+         [&rc](const std::string& v) { rc.kv_seqlens = parse_lengths("--kv-seqlens", v); }});
   p.add_section(
       "defaults: B=2 Hq=Hkv=8 Lq=Lk=512 D=Dv=64, bf16 on cuda / fp32 on cpu, causal top-left,\n"
       "dropout 0.1, no bias, seed 0, offset 0.\n"
@@ -256,6 +274,273 @@ FlagParser make_parser(RunConfig& rc) {
   return p;
 }
 
+// `memeff run --seqlens`: packed variable-length sequences (AttentionArgs::packed). Random
+// sequences of the given lengths are packed into q [total_q, Hq, D], k and v [total_k, Hkv, D|Dv];
+// forward and backward run on the chosen backend and are checked against the reference on the
+// packed call itself, or on its first sequences when the whole is too much work: a prefix of the
+// sequences keeps every sequence's index s, hence its dropout mask, so it is an exact
+// sub-problem.
+int run_packed(const RunConfig& rc) {
+  const ShapeConfig& c = rc.shape;
+  if (c.bias.present) throw UsageError("--bias: not supported with --seqlens (packed sequences)");
+  const std::vector<std::int64_t>& lq = rc.seqlens;
+  const std::vector<std::int64_t>& lk = rc.kv_seqlens.empty() ? rc.seqlens : rc.kv_seqlens;
+  if (lk.size() != lq.size()) {
+    throw UsageError("--kv-seqlens: expected " + std::to_string(lq.size()) +
+                     " lengths (one per --seqlens entry), got " + std::to_string(lk.size()));
+  }
+  const std::int64_t S = static_cast<std::int64_t>(lq.size());
+  std::vector<std::int64_t> cu_q(S + 1, 0), cu_k(S + 1, 0);
+  std::int64_t max_q = 0, max_k = 0;
+  for (std::int64_t s = 0; s < S; ++s) {
+    cu_q[s + 1] = cu_q[s] + lq[s];
+    cu_k[s + 1] = cu_k[s] + lk[s];
+    max_q = std::max(max_q, lq[s]);
+    max_k = std::max(max_k, lk[s]);
+  }
+  if (cu_q[S] > INT32_MAX || cu_k[S] > INT32_MAX) {
+    throw UsageError("--seqlens: at most 2^31 - 1 packed rows (int32 offsets)");
+  }
+  std::string device_note;
+  const Device device = resolve_device(rc.device, &device_note);
+  if (!device_note.empty() && !rc.json) std::fprintf(stderr, "memeff run: %s\n", device_note.c_str());
+  const DType dtype = c.dtype_on(device.type);
+  const std::int64_t Tq = cu_q[S], Tk = cu_k[S], Hq = c.Hq, Hkv = c.hkv(), D = c.D, Dv = c.dv();
+
+  HostArray q_host(dtype, Shape{{Tq, Hq, D}}), k_host(dtype, Shape{{Tk, Hkv, D}}),
+      v_host(dtype, Shape{{Tk, Hkv, Dv}}), dout_host(dtype, Shape{{Tq, Hq, Dv}});
+  fill_normal(q_host, c.seed, 1);
+  fill_normal(k_host, c.seed, 2);
+  fill_normal(v_host, c.seed, 3);
+  fill_normal(dout_host, c.seed, 4);
+  HostArray cu_q_host(DType::i32, Shape{{S + 1}}), cu_k_host(DType::i32, Shape{{S + 1}});
+  for (std::int64_t s = 0; s <= S; ++s) {
+    cu_q_host.set(s, static_cast<double>(cu_q[s]));
+    cu_k_host.set(s, static_cast<double>(cu_k[s]));
+  }
+  DeviceTensor q(device, dtype, q_host.shape), k(device, dtype, k_host.shape),
+      v(device, dtype, v_host.shape), dout(device, dtype, dout_host.shape),
+      out(device, dtype, dout_host.shape), lse(device, DType::f32, Shape{{Hq, Tq}}),
+      dq(device, dtype, q_host.shape), dk(device, dtype, k_host.shape),
+      dv(device, dtype, v_host.shape), cuq(device, DType::i32, cu_q_host.shape),
+      cuk(device, DType::i32, cu_k_host.shape);
+  q.upload(q_host);
+  k.upload(k_host);
+  v.upload(v_host);
+  dout.upload(dout_host);
+  cuq.upload(cu_q_host);
+  cuk.upload(cu_k_host);
+  for (DeviceTensor* t : {&out, &lse, &dq, &dk, &dv}) t->buffer.fill_bytes(0xFF);  // NaN
+
+  AttentionArgs args = make_args(c, q.view(), k.view(), v.view(), TensorView{});
+  PackedSequences packed;
+  packed.cu_seqlens_q = cuq.view();
+  packed.cu_seqlens_k = cuk.view();
+  packed.max_seqlen_q = max_q;
+  packed.max_seqlen_k = max_k;
+  args.packed = packed;
+  const BackwardTensors grads{dout.view(), out.view(), lse.view(), dq.view(), dk.view(), dv.view(),
+                              std::nullopt};
+  Options options;
+  if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
+  Options fwd_options = options, bwd_options = options;
+  const std::size_t ws_fwd = workspace_size(args, Pass::forward, options);
+  const std::size_t ws_bwd = workspace_size(args, Pass::backward, options);
+  Buffer ws_f(device, ws_fwd), ws_b(device, ws_bwd);
+  fwd_options.workspace = ws_f.data();
+  fwd_options.workspace_bytes = ws_fwd;
+  bwd_options.workspace = ws_b.data();
+  bwd_options.workspace_bytes = ws_bwd;
+
+  std::ostringstream lens;
+  for (std::int64_t s = 0; s < S; ++s) {
+    lens << (s ? "," : "") << lq[s];
+    if (lk[s] != lq[s]) lens << "/" << lk[s];
+  }
+  std::ostringstream problem;
+  problem << "packed S=" << S << " seqlens " << lens.str() << " (q/k where they differ) total "
+          << Tq << "/" << Tk << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D << " Dv=" << Dv << " "
+          << dtype_name(dtype) << " causal=" << causal_flag_name(c.causal)
+          << " dropout=" << c.dropout;
+  const std::string where = device_description(device);
+  if (!rc.json) {
+    std::fprintf(stderr, "memeff run: %s on %s, warm-up\n", problem.str().c_str(), where.c_str());
+  }
+  CallInfo fwd_info, bwd_info;
+  Timer timer(device);
+  double warmup_ms = 0.0;
+  for (std::int64_t i = 0; i < std::max<std::int64_t>(rc.warmup, 1); ++i) {
+    timer.start();
+    fwd_info = forward(args, grads.out, grads.lse, fwd_options);
+    bwd_info = backward(args, grads, bwd_options);
+    warmup_ms = timer.stop();
+  }
+  synchronize(device);
+  std::int64_t iters = rc.iters;
+  if (iters <= 0) {
+    iters = device.type == DeviceType::cuda
+                ? 10
+                : std::clamp<std::int64_t>(
+                      static_cast<std::int64_t>(3000.0 / std::max(warmup_ms, 1.0)), 1, 3);
+  }
+  if (!rc.json) {
+    std::fprintf(stderr, "memeff run: timing %lld iterations per pass\n",
+                 static_cast<long long>(iters));
+  }
+  std::vector<double> fwd_ms, bwd_ms;
+  for (std::int64_t i = 0; i < iters; ++i) {
+    timer.start();
+    forward(args, grads.out, grads.lse, fwd_options);
+    fwd_ms.push_back(timer.stop());
+  }
+  for (std::int64_t i = 0; i < iters; ++i) {
+    timer.start();
+    backward(args, grads, bwd_options);
+    bwd_ms.push_back(timer.stop());
+  }
+  synchronize(device);
+  const double t_f = median(fwd_ms), t_b = median(bwd_ms);
+  const double flops = attention_flops_packed(lq, lk, Hq, D, c.causal);
+  const double fwd_tflops = t_f > 0 ? flops / t_f / 1e9 : 0.0;
+  const double bwd_tflops = t_b > 0 ? 2.5 * flops / t_b / 1e9 : 0.0;
+
+  // The reference on the first `checked` sequences (all of them when within the budget).
+  std::int64_t checked = 0;
+  double work = 0.0;
+  if (rc.check != "none") {
+    for (; checked < S; ++checked) {
+      const double w = static_cast<double>(lq[checked]) * static_cast<double>(lk[checked]) *
+                       static_cast<double>((D + Dv) * Hq);
+      if (checked > 0 && rc.check != "full" && work + w > kFullCheckBudget) break;
+      work += w;
+    }
+  }
+  std::vector<CheckResult> checks;
+  if (checked > 0) {
+    if (!rc.json) {
+      std::fprintf(stderr, "memeff run: checking %lld of %lld sequences against the reference\n",
+                   static_cast<long long>(checked), static_cast<long long>(S));
+    }
+    const std::int64_t tq = cu_q[checked], tk = cu_k[checked];
+    const HostArray rq = box_as(q_host, DType::f64, {tq, Hq, D}),
+                    rk = box_as(k_host, DType::f64, {tk, Hkv, D}),
+                    rv = box_as(v_host, DType::f64, {tk, Hkv, Dv}),
+                    rdout = box_as(dout_host, DType::f64, {tq, Hq, Dv});
+    HostArray rout(DType::f64, Shape{{tq, Hq, Dv}}), rlse(DType::f32, Shape{{Hq, tq}}),
+        rdq(DType::f64, Shape{{tq, Hq, D}}), rdk(DType::f64, Shape{{tk, Hkv, D}}),
+        rdv(DType::f64, Shape{{tk, Hkv, Dv}});
+    const HostArray rcu_q = box_as(cu_q_host, DType::i32, {checked + 1}),
+                    rcu_k = box_as(cu_k_host, DType::i32, {checked + 1});
+    AttentionArgs ra = make_args(c, rq.view(), rk.view(), rv.view(), TensorView{});
+    PackedSequences rp;
+    rp.cu_seqlens_q = rcu_q.view();
+    rp.cu_seqlens_k = rcu_k.view();
+    rp.max_seqlen_q = max_q;
+    rp.max_seqlen_k = max_k;
+    for (std::int64_t s = 0; s < checked; ++s) {  // the prefix's own maxima (validation wants them <= total)
+      rp.max_seqlen_q = s == 0 ? lq[s] : std::max(rp.max_seqlen_q, lq[s]);
+      rp.max_seqlen_k = s == 0 ? lk[s] : std::max(rp.max_seqlen_k, lk[s]);
+    }
+    ra.packed = rp;
+    Options ro;
+    ro.backends = {"reference"};
+    forward(ra, rout.view(), rlse.view(), ro);
+    backward(ra, {rdout.view(), rout.view(), rlse.view(), rdq.view(), rdk.view(), rdv.view(), std::nullopt},
+             ro);
+    // lse is [Hq, total_q]: the checked sequences are its first tq columns of every row, not a
+    // leading box; compare it row by row.
+    const HostArray lse_all = lse.download();
+    HostArray lse_cut(DType::f32, Shape{{Hq, tq}});
+    for (std::int64_t h = 0; h < Hq; ++h)
+      for (std::int64_t i = 0; i < tq; ++i) lse_cut.set(h * tq + i, lse_all.get(h * Tq + i));
+    auto add = [&](const char* name, const HostArray& actual, const HostArray& expected,
+                   bool gradient) {
+      CheckResult r;
+      r.name = name;
+      r.cmp = compare_box(actual, expected);
+      r.tol = check_tolerance(dtype, gradient);
+      r.dims = expected.shape.dims;
+      checks.push_back(std::move(r));
+    };
+    add("out", out.download(), rout, false);
+    add("lse", lse_cut, rlse, false);
+    add("dq", dq.download(), rdq, true);
+    add("dk", dk.download(), rdk, true);
+    add("dv", dv.download(), rdv, true);
+  }
+  bool pass = true;
+  for (const CheckResult& r : checks) pass = pass && r.pass();
+  const std::string check_text =
+      rc.check == "none"
+          ? "skipped (--check none)"
+          : (checked == S ? "all " + std::to_string(S) + " sequences"
+                          : "sampled: the first " + std::to_string(checked) + " of " +
+                                std::to_string(S) + " sequences (--check full checks all)");
+
+  if (rc.json) {
+    Json errors = Json::object(), tolerances = Json::object();
+    for (const CheckResult& r : checks) {
+      errors[r.name] = r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs;
+      tolerances[r.name] = r.tol.bound(r.cmp.max_ref);
+    }
+    Json j;
+    j["backend"] = fwd_info.backend;
+    j["backend_backward"] = bwd_info.backend;
+    j["device"] = device_name(device);
+    j["dtype"] = dtype_name(dtype);
+    j["seqlens_q"] = lq;
+    j["seqlens_k"] = lk;
+    j["Hq"] = Hq;
+    j["Hkv"] = Hkv;
+    j["D"] = D;
+    j["Dv"] = Dv;
+    j["causal"] = causal_flag_name(c.causal);
+    j["dropout"] = c.dropout;
+    j["p_effective"] = fwd_info.p_effective;
+    j["seed"] = c.seed;
+    j["offset"] = c.offset;
+    j["iters"] = iters;
+    j["fwd_ms"] = t_f;
+    j["bwd_ms"] = t_b;
+    j["fwd_tflops"] = fwd_tflops;
+    j["bwd_tflops"] = bwd_tflops;
+    j["check"] = check_text;
+    j["max_abs_err"] = errors;
+    j["tolerance"] = tolerances;
+    j["pass"] = pass;
+    std::printf("%s\n", json_text(j).c_str());
+    return pass ? 0 : 1;
+  }
+  std::printf("memeff %s run (packed sequences)\n", version());
+  std::printf("  backend    %s (forward), %s (backward)\n", fwd_info.backend.c_str(),
+              bwd_info.backend.c_str());
+  std::printf("  device     %s%s\n", where.c_str(),
+              device_note.empty() ? "" : ("  [" + device_note + "]").c_str());
+  std::printf("  problem    %s\n", problem.str().c_str());
+  std::printf("  shapes     q [%lld, %lld, %lld]  k [%lld, %lld, %lld]  v [%lld, %lld, %lld]  "
+              "cu_seqlens [%lld]\n",
+              static_cast<long long>(Tq), static_cast<long long>(Hq), static_cast<long long>(D),
+              static_cast<long long>(Tk), static_cast<long long>(Hkv), static_cast<long long>(D),
+              static_cast<long long>(Tk), static_cast<long long>(Hkv), static_cast<long long>(Dv),
+              static_cast<long long>(S + 1));
+  std::printf("  forward    %10.3f ms  %8s TFLOP/s\n", t_f, format_g(fwd_tflops).c_str());
+  std::printf("  backward   %10.3f ms  %8s TFLOP/s   (FLOPs of the real lengths; median of %lld)\n",
+              t_b, format_g(bwd_tflops).c_str(), static_cast<long long>(iters));
+  std::printf("  check      %s\n", check_text.c_str());
+  for (const CheckResult& r : checks) {
+    std::printf("    %-6s max abs err %-9s  tol %-9s (max |ref| %s)  %s", r.name.c_str(),
+                r.cmp.nonfinite ? "non-finite" : format_sci(r.cmp.max_abs).c_str(),
+                format_sci(r.tol.bound(r.cmp.max_ref)).c_str(), format_g(r.cmp.max_ref).c_str(),
+                r.pass() ? "PASS" : "FAIL");
+    if (!r.pass() && r.cmp.worst >= 0) {
+      std::printf("  at %s", index_string(r.cmp.worst, r.dims).c_str());
+    }
+    std::printf("\n");
+  }
+  std::printf("  result     %s\n", rc.check == "none" ? "not checked" : pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& argv) {
@@ -263,6 +548,10 @@ int run_command(const std::vector<std::string>& argv) {
   FlagParser parser = make_parser(rc);
   parser.parse(argv);
   rc.shape.check();
+  if (!rc.kv_seqlens.empty() && rc.seqlens.empty()) {
+    throw UsageError("--kv-seqlens: needs --seqlens (the query lengths)");
+  }
+  if (!rc.seqlens.empty()) return run_packed(rc);
 
   std::string device_note;
   const Device device = resolve_device(rc.device, &device_note);
