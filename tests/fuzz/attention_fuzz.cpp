@@ -1,7 +1,7 @@
 // libFuzzer target over the argument space of forward() and backward(): ranks, sizes (small,
 // zero, negative, huge), strides (zero, negative, overlapping), misaligned and null pointers,
 // dtypes, devices, outputs aliasing inputs, bias shapes and broadcast patterns, dropout p (NaN,
-// 1, negative), scale (NaN, inf) and causal modes. Every input must either raise memeff::Error
+// 1, negative), scale (NaN, inf), causal modes and packed sequences (offsets good and bad). Every input must either raise memeff::Error
 // naming an argument, or run on the reference and cpu backends with results that agree; anything
 // else (a crash, a sanitizer report, another exception, a disagreement) aborts. Problems stay
 // tiny (at most kMaxElements per tensor) so each input runs in well under a millisecond.
@@ -328,10 +328,43 @@ void run_one(FuzzedDataProvider& in) {
   const bool with_dbias =
       with_bias ? in.ConsumeIntegralInRange(0, 7) != 0 : in.ConsumeIntegralInRange(0, 7) == 0;
 
-  const std::vector<std::vector<std::int64_t>> shapes = {
+  std::vector<std::vector<std::int64_t>> shapes = {
       {B, Hq, Lq, D},  {B, Hkv, Lk, D},  {B, Hkv, Lk, Dv}, bias_shape,
       {B, Hq, Lq, Dv}, {B, Hq, Lq},      {B, Hq, Lq, Dv},  {B, Hq, Lq, D},
       {B, Hkv, Lk, D}, {B, Hkv, Lk, Dv}, bias_shape};
+  // Packed sequences (AttentionArgs::packed) in one input of four: up to four sequences of small
+  // lengths, the tensors [total, H, D] and lse [Hq, total_q]; the offsets are sometimes wrong
+  // (first entry, order, last entry, maxima, dtype, size) and must then be named.
+  const bool packed_call = in.ConsumeIntegralInRange(0, 3) == 0;
+  std::vector<std::int32_t> cu_q, cu_k;
+  std::int64_t max_q = 0, max_k = 0;
+  int cu_defect = 0;
+  if (packed_call) {
+    const int S = in.ConsumeIntegralInRange(0, 4);
+    cu_q.assign(S + 1, 0);
+    cu_k.assign(S + 1, 0);
+    for (int s = 0; s < S; ++s) {
+      const int lq = in.ConsumeIntegralInRange(0, 9), lk = in.ConsumeIntegralInRange(0, 9);
+      cu_q[s + 1] = cu_q[s] + lq;
+      cu_k[s + 1] = cu_k[s] + lk;
+      max_q = std::max<std::int64_t>(max_q, lq);
+      max_k = std::max<std::int64_t>(max_k, lk);
+    }
+    cu_defect = in.ConsumeIntegralInRange(0, 15);
+    switch (cu_defect) {
+      case 1: cu_q[0] = 1; break;
+      case 2: cu_k.back() += 1; break;
+      case 3: if (S > 1) std::swap(cu_q[1], cu_q[2]); break;
+      case 4: max_q = max_q > 0 ? max_q - 1 : -1; break;
+      case 5: max_k += 100; break;
+      case 6: cu_k.push_back(cu_k.back()); break;  // S + 2 entries
+      default: break;
+    }
+    const std::int64_t Tq = cu_q.back(), Tk = cu_k.back();
+    shapes = {{Tq, Hq, D},  {Tk, Hkv, D},  {Tk, Hkv, Dv}, bias_shape,
+              {Tq, Hq, Dv}, {Hq, Tq},      {Tq, Hq, Dv},  {Tq, Hq, D},
+              {Tk, Hkv, D}, {Tk, Hkv, Dv}, bias_shape};
+  }
   std::vector<ViewSpec> specs;
   for (int t = 0; t < kTensorCount; ++t) {
     const DType dt = t == lse ? DType::f32 : (t == bias || t == dbias) ? bias_dtype : dtype;
@@ -395,6 +428,19 @@ void run_one(FuzzedDataProvider& in) {
   BackwardTensors grads;
   TensorView o, l;
   bind(arena, call, grads, o, l);
+  if (packed_call) {
+    PackedSequences ps;
+    ps.cu_seqlens_q = TensorView::contiguous(cu_q.data(), DType::i32,
+                                             {static_cast<std::int64_t>(cu_q.size())});
+    ps.cu_seqlens_k = TensorView::contiguous(cu_k.data(), DType::i32,
+                                             {static_cast<std::int64_t>(cu_k.size())});
+    if (cu_defect == 7) ps.cu_seqlens_q.dtype = DType::f32;
+    if (cu_defect == 8) ps.cu_seqlens_k.device = Device::cuda(0);
+    ps.max_seqlen_q = max_q;
+    ps.max_seqlen_k = max_k;
+    args.packed = ps;
+    call.packed = ps;
+  }
 
   // Validation first: it must accept, or reject naming an argument.
   try {
