@@ -212,11 +212,10 @@ void check_packed_offsets(const AttentionArgs& args, const Problem& pb, cudaStre
 
 bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream) {
   if (pb.B == 0 || pb.Hq == 0) return true;
-  if (pb.Lk == 0) {  // no keys: every gradient is zero (dk, dv and dbias are empty)
+  if (pb.Lk == 0 || pb.Lq == 0) {
+    // No keys or no queries: every gradient is zero. Dense, the side without rows is empty;
+    // packed (Lq and Lk are the maximum lengths), the other side's rows still need their zeros.
     fill_view(g.dq, 0.0f, stream);
-    return true;
-  }
-  if (pb.Lq == 0) {  // no queries: dq is empty, nothing flows into k, v or the bias
     fill_view(g.dk, 0.0f, stream);
     fill_view(g.dv, 0.0f, stream);
     if (g.dbias) fill_view(*g.dbias, 0.0f, stream);

@@ -60,8 +60,9 @@ void fill_dbias_shape(cuda::BackwardParams& p, const Problem& pb);
 // A packed call's offsets, when PackedSequences::check_offsets asks for it: copied to the host
 // (a synchronization of `stream`) and validated; skipped while the stream captures a graph.
 void check_packed_offsets(const AttentionArgs& args, const Problem& pb, cudaStream_t stream);
-// The backward's empty edges, alike for every CUDA backend: B·Hq = 0 does nothing, Lk = 0 gives
-// dq = 0, Lq = 0 gives dk = dv = dbias = 0. Returns whether the call was one of them.
+// The backward's empty edges, alike for every CUDA backend: B·Hq = 0 does nothing, Lk = 0 or
+// Lq = 0 gives dq = dk = dv = dbias = 0 (those of them that have elements: packed calls, whose
+// Lq and Lk are maximum lengths, can have both). Returns whether the call was one of them.
 bool backward_empty_edges(const Problem& pb, const BackwardTensors& g, cudaStream_t stream);
 // A backward's `needed` bytes of workspace: the caller's (Options::workspace, checked for size
 // and 16-byte alignment) or a stream-ordered allocation, which release() frees on the stream (and

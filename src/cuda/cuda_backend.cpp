@@ -27,6 +27,12 @@ using cuda::BackwardParams;
 using cuda::ForwardParams;
 using cuda::Strides;
 
+// The kernels read lse rows as contiguous floats: [B, Hq, Lq] dense, [Hq, total_q] packed.
+bool lse_rows_contiguous(const TensorView& lse) {
+  const int last = lse.rank - 1;
+  return lse.shape[last] <= 1 || lse.stride[last] == 1;
+}
+
 class CudaBackend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda"; }
@@ -35,7 +41,6 @@ class CudaBackend final : public CudaBackendBase {
     ComputeCapability cc;
     std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
     if (!cc.ok) return reasons;
-    if (pb.packed) reasons.push_back("packed sequences: not in the cuda kernels yet");
     std::vector<std::string> kernel_reasons;
     if (pass == Pass::forward) {
       ForwardParams p;
@@ -62,11 +67,12 @@ class CudaBackend final : public CudaBackendBase {
                const TensorView& lse, const Options& options) override {
     DeviceScope device(pb.device.index);
     const auto stream = static_cast<cudaStream_t>(options.stream);
+    check_packed_offsets(args, pb, stream);
     if (pb.B == 0 || pb.Hq == 0 || pb.Lq == 0) return;
     ForwardParams p;
     fill_from_problem(p, pb);
     fill_from_views(p, args, out, lse);
-    if (pb.Lq > 1 && lse.stride[2] != 1) {
+    if (!lse_rows_contiguous(lse)) {
       throw Error(ErrorCode::unsupported,
                   "cuda forward: lse must have a contiguous last dimension, got " + lse.describe());
     }
@@ -83,9 +89,10 @@ class CudaBackend final : public CudaBackendBase {
                 const Options& options) override {
     DeviceScope device(pb.device.index);
     const auto stream = static_cast<cudaStream_t>(options.stream);
+    check_packed_offsets(args, pb, stream);
     if (backward_empty_edges(pb, g, stream)) return;
     const BackwardParams p = backward_params(pb, args, g, options);
-    if (pb.Lq > 1 && g.lse.stride[2] != 1) {
+    if (!lse_rows_contiguous(g.lse)) {
       throw Error(ErrorCode::unsupported,
                   "cuda backward: lse must have a contiguous last dimension, got " + g.lse.describe());
     }

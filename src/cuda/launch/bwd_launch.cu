@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sm80/bwd_dispatch.cuh"
+#include "cuda/common/varlen.cuh"
 #include "cuda/launch/launch.h"
 #include "cuda/launch/launch_checks.h"
+#include "cuda/sm80/bwd_dispatch.cuh"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
@@ -49,7 +50,16 @@ std::vector<std::string> backward_unsupported(const BackwardParams& p, int sm_ma
   if (p.group <= 0 || p.Hkv <= 0 || p.Hq != p.Hkv * p.group) {
     reasons.push_back("Hq must be a multiple of Hkv (GQA group)");
   }
-  if (static_cast<std::int64_t>(p.B) * p.Hkv > 65535) {
+  if (packed_layout(p)) {  // grid: (key tiles of all sequences, or the sequences; Hkv)
+    if (p.Hkv > 65535) {
+      reasons.push_back("Hkv = " + std::to_string(p.Hkv) +
+                        " exceeds the grid's 65535 kv heads of a packed call");
+    }
+    if (varlen_tile_bound(p.total_k, p.B, p.Lk, 64) > 0x7FFFFFFFll) {  // the smallest key block
+      reasons.push_back(std::to_string(p.B) + " sequences of " + std::to_string(p.total_k) +
+                        " key rows exceed the grid's 2^31 - 1 key tiles");
+    }
+  } else if (static_cast<std::int64_t>(p.B) * p.Hkv > 65535) {
     reasons.push_back("B·Hkv = " + std::to_string(static_cast<std::int64_t>(p.B) * p.Hkv) +
                       " exceeds the grid's 65535 (batch, kv head) blocks");
   }

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/sm80/fwd_dispatch.cuh"
+#include "cuda/common/varlen.cuh"
 #include "cuda/launch/launch.h"
 #include "cuda/launch/launch_checks.h"
+#include "cuda/sm80/fwd_dispatch.cuh"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
@@ -89,12 +90,23 @@ std::vector<std::string> forward_unsupported(const ForwardParams& p, int sm_majo
   check_strides(reasons, "k", p.k_stride);
   check_strides(reasons, "v", p.v_stride);
   check_strides(reasons, "out", p.out_stride);
-  if (static_cast<std::int64_t>(p.B) * p.Hq > 0x7FFFFFFFll) {
-    reasons.push_back("B·Hq = " + std::to_string(static_cast<std::int64_t>(p.B) * p.Hq) +
-                      " exceeds the grid's 2^31 - 1 blocks");
-  }
-  if (p.Lq > 65535ll * 128) {
-    reasons.push_back("Lq = " + std::to_string(p.Lq) + " exceeds 65535 query blocks of 128 rows");
+  if (packed_layout(p)) {  // grid: (query tiles of all sequences, Hq), 128-row tiles
+    if (p.Hq > 65535) {
+      reasons.push_back("Hq = " + std::to_string(p.Hq) +
+                        " exceeds the grid's 65535 heads of a packed call");
+    }
+    if (varlen_tile_bound(p.total_q, p.B, p.Lq, 128) > 0x7FFFFFFFll) {
+      reasons.push_back(std::to_string(p.B) + " sequences of " + std::to_string(p.total_q) +
+                        " query rows exceed the grid's 2^31 - 1 query tiles");
+    }
+  } else {  // grid: (B·Hq, query blocks)
+    if (static_cast<std::int64_t>(p.B) * p.Hq > 0x7FFFFFFFll) {
+      reasons.push_back("B·Hq = " + std::to_string(static_cast<std::int64_t>(p.B) * p.Hq) +
+                        " exceeds the grid's 2^31 - 1 blocks");
+    }
+    if (p.Lq > 65535ll * 128) {
+      reasons.push_back("Lq = " + std::to_string(p.Lq) + " exceeds 65535 query blocks of 128 rows");
+    }
   }
   if (p.group <= 0 || p.Hkv <= 0 || p.Hq != p.Hkv * p.group) {
     reasons.push_back("Hq must be a multiple of Hkv (GQA group)");

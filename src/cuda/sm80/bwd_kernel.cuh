@@ -8,6 +8,12 @@
 // Dropout bits are regenerated per (query block, 64-key block) with one Philox call per 16
 // elements (cooperatively, into shared memory), from absolute (i, j): the map of
 // src/core/dropout_map.h, so tiling cannot change the mask (PyTorch PR #103704's bug class).
+//
+// Packed variable-length sequences (kVarlen, common/varlen.cuh): the main kernel's grid is (key
+// tiles of every sequence, Hkv), each CTA finding its (sequence, key block) with the warp-scan
+// scheduler over cu_seqlens_k; a sequence then reads like a dense batch entry of its own lengths
+// whose rows start at its packed rows, and the fp32 workspace holds one row per (head, packed
+// query row) (bwd_dispatch.cuh). The dense instantiation keeps compile-time zero offsets.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +25,9 @@
 #include "cuda/common/dropout_frag.cuh"
 #include "cuda/common/mask.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/varlen.cuh"
 #include "cuda/params.h"
+#include "cuda/sm80/bwd_dispatch.cuh"
 #include "cuda/sm80/mma.cuh"
 
 namespace memeff::cuda {
@@ -70,16 +78,18 @@ struct BwdTraits {
 
 // --------------------------------------------------------------------------------------------
 // Preprocess: softmax_d[b,h,i] = Σ_e dO·O (fp32), and zero the fp32 accumulators.
-// One warp per row; lanes read 8 elements (16 bytes) at a time.
+// One warp per row; lanes read 8 elements (16 bytes) at a time. Packed calls go through every
+// packed row (workspace_rows: b = 0, i = the packed row), whichever sequence it belongs to.
 template <class T>
 __global__ void bwd_preprocess_kernel(BackwardParams p, float* dbias_accum,
                                       std::int64_t dbias_accum_elems) {
   const std::int64_t warps_total = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   const std::int64_t warp0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
-  const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
+  const WorkspaceRows wr = workspace_rows(p);
+  const std::int64_t rows = wr.batches * p.Hq * wr.rows;
   for (std::int64_t r = warp0; r < rows; r += warps_total) {
-    const std::int64_t i = r % p.Lq, bh = r / p.Lq, h = bh % p.Hq, b = bh / p.Hq;
+    const std::int64_t i = r % wr.rows, bh = r / wr.rows, h = bh % p.Hq, b = bh / p.Hq;
     const T* o = static_cast<const T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + i * p.out_stride.l;
     const T* d = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h +
                  i * p.dout_stride.l;
@@ -95,15 +105,16 @@ __global__ void bwd_preprocess_kernel(BackwardParams p, float* dbias_accum,
   for (std::int64_t k = tid; k < dbias_accum_elems; k += stride) dbias_accum[k] = 0.f;
 }
 
-// dq = dq_accum · scale in the output dtype and strides.
+// dq = dq_accum · scale in the output dtype and strides (packed: every packed row, as above).
 template <class T>
 __global__ void bwd_convert_dq_kernel(BackwardParams p) {
-  const std::int64_t pairs = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq * (p.D / 2);
+  const WorkspaceRows wr = workspace_rows(p);
+  const std::int64_t pairs = wr.batches * p.Hq * wr.rows * (p.D / 2);
   const int half_d = p.D / 2;
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < pairs;
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t e = (k % half_d) * 2, r = k / half_d;
-    const std::int64_t i = r % p.Lq, bh = r / p.Lq, h = bh % p.Hq, b = bh / p.Hq;
+    const std::int64_t i = r % wr.rows, bh = r / wr.rows, h = bh % p.Hq, b = bh / p.Hq;
     const float2 v = *reinterpret_cast<const float2*>(p.dq_accum + r * p.D + e);
     T* dst = static_cast<T*>(p.dq) + b * p.dq_stride.b + h * p.dq_stride.h + i * p.dq_stride.l + e;
     *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(v.x * p.scale, v.y * p.scale);
@@ -112,7 +123,9 @@ __global__ void bwd_convert_dq_kernel(BackwardParams p) {
 
 // --------------------------------------------------------------------------------------------
 // Main kernel.
-//   grid.x: key blocks (+ key_block_base), grid.y: b·Hkv + kvh (+ head_base).
+//   Dense: grid.x: key blocks (+ key_block_base), grid.y: b·Hkv + kvh (+ head_base).
+//   Packed: grid.x: key tiles of all sequences (the scheduler's index), or with seq_per_cta the
+//   sequence, whose key block key_block_base the CTA takes (deterministic launches); grid.y: kvh.
 //   dbias_mode: 0 none, 1 direct (no broadcast: dS written as is), 2 fp32 atomics into
 //   dbias_accum [dB, dH, dL, Lk] (reduced over query rows in the warp first when dL == 1).
 struct BwdLaunchExtra {
@@ -120,9 +133,10 @@ struct BwdLaunchExtra {
   int head_base = 0;
   int dbias_mode = 0;
   float* dbias_accum = nullptr;
+  bool seq_per_cta = false;
 };
 
-template <class T, class Tr>
+template <class T, class Tr, bool kVarlen>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_backward_kernel(const BackwardParams p, const BwdLaunchExtra extra) {
   constexpr int kD = Tr::kD, kBc = Tr::kBc, kBr = Tr::kBr, kRowPad = Tr::kRowPad;
@@ -141,10 +155,51 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const int key_block = blockIdx.x + extra.key_block_base;
-  const int y = blockIdx.y + extra.head_base;
-  const int b = y / p.Hkv, kvh = y % p.Hkv;
-  const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBc;
+  // This CTA's batch entry or sequence b, kv head and first key n0 (inside the sequence); packed,
+  // `span` holds the sequence's first packed rows, lengths and causal shift (dense: its offsets
+  // stay compile-time zeros).
+  int b, kvh;
+  std::int64_t n0;
+  SeqSpan span;
+  if constexpr (kVarlen) {
+    kvh = blockIdx.y;
+    int key_block;
+    if (extra.seq_per_cta) {
+      b = blockIdx.x;
+      key_block = extra.key_block_base;
+    } else {
+      // Every warp runs the scheduler (coalesced loads of the offsets) rather than one warp and
+      // a barrier: all get the same answer, so the whole CTA returns together.
+      const VarlenTile tile = varlen_tile(p.cu_seqlens_k, p.B, p.total_k, p.Lk, kBc, blockIdx.x);
+      if (tile.seq >= p.B) return;  // past the last tile (the grid is an upper bound)
+      b = tile.seq;
+      key_block = tile.block;
+    }
+    span = seq_span(p, b);
+    n0 = static_cast<std::int64_t>(key_block) * kBc;
+    // Deterministic launches give every sequence the same key block index: one with fewer key
+    // blocks has nothing here (the scheduler never gives such a block).
+    if (n0 >= span.Lk) return;
+  } else {
+    const int y = blockIdx.y + extra.head_base;
+    b = y / p.Hkv;
+    kvh = y % p.Hkv;
+    const int key_block = blockIdx.x + extra.key_block_base;
+    n0 = static_cast<std::int64_t>(key_block) * kBc;
+  }
+  // References, not copies: the dense kernel then reads the params where it uses them (constant
+  // bank operands) and keeps no registers for them in the main loop.
+  const std::int64_t& Lq = kVarlen ? span.Lq : p.Lq;
+  const std::int64_t& Lk = kVarlen ? span.Lk : p.Lk;
+  const std::int64_t& causal_shift = kVarlen ? span.causal_shift : p.causal_shift;
+  // Row of query i of head h in softmax_d and dq_accum (workspace_rows).
+  auto ws_row = [&](int h, std::int64_t i) -> std::int64_t {
+    if constexpr (kVarlen) {
+      return h * p.total_q + span.q0 + i;
+    } else {
+      return (static_cast<std::int64_t>(b) * p.Hq + h) * p.Lq + i;
+    }
+  };
 
   // Dropout key from the values or (graph replays) from device memory.
   detail::DropoutKey rng_key{0u, 0u};
@@ -154,15 +209,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     rng_key = detail::dropout_key(seed, offset);
   }
 
-  // Load this CTA's K and V tiles (rows past Lk and columns past D / Dv read as zeros).
+  // Load this CTA's K and V tiles (rows past Lk and columns past D / Dv read as zeros: packed,
+  // such rows are the next sequence's).
   {
-    const T* kg = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
-    const T* vg = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
+    const T* kg =
+        static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + span.k0 * p.k_stride.l;
+    const T* vg =
+        static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + span.k0 * p.v_stride.l;
     constexpr int kChunks = kD / 8;
     for (int c = tid; c < kBc * kChunks; c += Tr::kThreads) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
       const std::int64_t j = n0 + r;
-      const bool row_ok = j < p.Lk;
+      const bool row_ok = j < Lk;
       const std::int64_t jc = row_ok ? j : 0;
       cp_async_16(sK + r * kRowPad + col, kg + jc * p.k_stride.l + (col < p.D ? col : 0),
                   row_ok && col < p.D ? 16 : 0);
@@ -173,11 +231,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   }
 
   // Query blocks this key block meets: all, or (causal) those with some i where n0 <= i + shift.
-  const int num_m = static_cast<int>((p.Lq + kBr - 1) / kBr);
+  const int num_m = static_cast<int>((Lq + kBr - 1) / kBr);
   int m_begin = 0;
   if (p.causal != 0) {
     // smallest m with m·kBr + kBr - 1 + shift >= n0
-    const std::int64_t need = n0 - p.causal_shift - (kBr - 1);
+    const std::int64_t need = n0 - causal_shift - (kBr - 1);
     if (need > 0) m_begin = static_cast<int>((need + kBr - 1) / kBr);
     if (m_begin > num_m) m_begin = num_m;
   }
@@ -190,30 +248,32 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int hg = it / m_count, m = m_begin + it % m_count;
     const int h = kvh * p.group + hg;
     const std::int64_t m0 = static_cast<std::int64_t>(m) * kBr;
-    const T* qg = static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h;
-    const T* dog = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h;
+    const T* qg =
+        static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h + span.q0 * p.q_stride.l;
+    const T* dog = static_cast<const T*>(p.dout) + b * p.dout_stride.b + h * p.dout_stride.h +
+                   span.q0 * p.dout_stride.l;
     T* sQ = sQbuf + buf * kBr * kRowPad;
     T* sdO = sdObuf + buf * kBr * kRowPad;
     constexpr int kChunks = kD / 8;
     for (int c = tid; c < kBr * kChunks; c += Tr::kThreads) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
       const std::int64_t i = m0 + r;
-      const bool row_ok = i < p.Lq;
+      const bool row_ok = i < Lq;
       const std::int64_t ic = row_ok ? i : 0;
       cp_async_16(sQ + r * kRowPad + col, qg + ic * p.q_stride.l + (col < p.D ? col : 0),
                   row_ok && col < p.D ? 16 : 0);
       cp_async_16(sdO + r * kRowPad + col, dog + ic * p.dout_stride.l + (col < p.Dv ? col : 0),
                   row_ok && col < p.Dv ? 16 : 0);
     }
-    const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
+    const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;  // dropout's (b = sequence, h)
     for (int r = tid; r < kBr; r += Tr::kThreads) {
       const std::int64_t i = m0 + r;
       // 4-byte asynchronous copies: no thread waits here on a global load before the barrier.
-      const bool row_ok = i < p.Lq;
+      const bool row_ok = i < Lq;
       const std::int64_t ic = row_ok ? i : 0;
-      cp_async_4(sLse + buf * kBr + r, p.lse + b * p.lse_stride_b + h * p.lse_stride_h + ic,
-                 row_ok ? 4 : 0);
-      cp_async_4(sDelta + buf * kBr + r, p.softmax_d + bh * p.Lq + ic, row_ok ? 4 : 0);
+      cp_async_4(sLse + buf * kBr + r,
+                 p.lse + b * p.lse_stride_b + h * p.lse_stride_h + span.q0 + ic, row_ok ? 4 : 0);
+      cp_async_4(sDelta + buf * kBr + r, p.softmax_d + ws_row(h, ic), row_ok ? 4 : 0);
     }
     if (p.has_dropout) {
       std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBr * 4);
@@ -289,16 +349,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // s ← P∘Z (for dV), dp ← dS = P∘(Z∘dP − D).
     // Masks in 32-bit tile-local terms: key row kr = key_row0 + g + 8·hh of the block is past
     // the end when kr >= keys_left, and causally hidden from query qi when kr - qi > causal_lim.
-    const bool need_mask = (n0 + kBc > p.Lk) ||
-                           (p.causal != 0 && n0 + kBc - 1 > m0 + p.causal_shift);
-    const int keys_left = static_cast<int>(p.Lk - n0 < kBc ? p.Lk - n0 : kBc);
-    const int rows_left = static_cast<int>(p.Lq - m0 < kBr ? p.Lq - m0 : kBr);
-    const std::int64_t lim64 = p.causal != 0 ? m0 + p.causal_shift - n0 : std::int64_t{1} << 30;
+    const bool need_mask = (n0 + kBc > Lk) || (p.causal != 0 && n0 + kBc - 1 > m0 + causal_shift);
+    const int keys_left = static_cast<int>(Lk - n0 < kBc ? Lk - n0 : kBc);
+    const int rows_left = static_cast<int>(Lq - m0 < kBr ? Lq - m0 : kBr);
+    const std::int64_t lim64 = p.causal != 0 ? m0 + causal_shift - n0 : std::int64_t{1} << 30;
     const int causal_lim = static_cast<int>(lim64 > (1 << 30) ? (1 << 30) : (lim64 < -(1 << 30) ? -(1 << 30) : lim64));
     const std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBr * 4);
     const int kb64 = key_row0 / 64;
     const int byte_lo = 2 * ((key_row0 % 64) / 8) + (g & 1);  // byte of key j_lo; j_hi: +2
-    const bool has_bias = p.bias != nullptr;
+    // Packed calls have no bias (the validators refuse one).
+    const bool has_bias = !kVarlen && p.bias != nullptr;
     std::int64_t bias_tile = 0;  // element offset of (m0, j_lo) in the bias
     if (has_bias) bias_tile = b * p.bias_stride.b + h * p.bias_stride.h + m0 * p.bias_stride.l + j_lo;
 #pragma unroll
@@ -312,8 +372,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         const float dl = delta[qi];
         std::uint32_t kbits = 0xFFFFu;
         if (p.has_dropout) kbits = keep[(kb64 * kBr + qi) * 4 + (g >> 1)];
-        const bool zero_ds =
-            need_mask && sees_one_key(m0 + qi, p.Lk, p.causal != 0, p.causal_shift);
+        const bool zero_ds = need_mask && sees_one_key(m0 + qi, Lk, p.causal != 0, causal_shift);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = 2 * hh + e;
@@ -368,7 +427,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       *reinterpret_cast<std::uint32_t*>(sdS + (key_row0 + g + 8) * Tr::kDsPad + qc) =
           pack2<T>(dp[n][2], dp[n][3]);
     }
-    write_dbias<T>(p, extra.dbias_mode, extra.dbias_accum, dp, 1.0f, b, h, m0, j_lo, j_hi, t);
+    if constexpr (!kVarlen) {
+      write_dbias<T>(p, extra.dbias_mode, extra.dbias_accum, dp, 1.0f, b, h, m0, j_lo, j_hi, t);
+    }
     __syncthreads();
 
     // dQ (kBr × kD) += dS·K: warp (wm, wn) owns 16 query rows × kDqCols columns.
@@ -397,8 +458,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
           mma_16816<T>(acc_dq[n + 1], a, bk1);
         }
       }
-      const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
-      float* dq_rows = p.dq_accum + (bh * p.Lq + m0) * p.D;
+      float* dq_rows = p.dq_accum + ws_row(h, m0) * p.D;
 #pragma unroll
       for (int n = 0; n < kCT; ++n) {
         const int col = wn * Tr::kDqCols + n * 8 + 2 * t;
@@ -406,7 +466,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = wm * 16 + g + 8 * hh;
-          if (m0 + r < p.Lq) {
+          if (m0 + r < Lq) {  // never the next sequence's rows
             red_add2(dq_rows + static_cast<std::int64_t>(r) * p.D + col, acc_dq[n][2 * hh],
                      acc_dq[n][2 * hh + 1]);
           }
@@ -417,15 +477,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   cp_async_wait<0>();
 
   // dK = scale · Σ dSᵀ·Q, dV = Σ (P∘Z)ᵀ·dO, in the output dtype.
-  T* dk = static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h;
-  T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h;
+  T* dk = static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h + span.k0 * p.dk_stride.l;
+  T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h + span.k0 * p.dv_stride.l;
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {
     const int col = n * 8 + 2 * t;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const std::int64_t j = hh ? j_hi : j_lo;
-      if (j >= p.Lk) continue;
+      if (j >= Lk) continue;  // packed: the next sequence's key
       if (col < p.D) {
         *reinterpret_cast<std::uint32_t*>(dk + j * p.dk_stride.l + col) =
             pack2<T>(acc_dk[n][2 * hh] * p.scale, acc_dk[n][2 * hh + 1] * p.scale);

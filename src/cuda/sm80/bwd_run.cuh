@@ -48,6 +48,77 @@ inline unsigned bwd_grid_1d(std::int64_t work, int per_block) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65535));
 }
 
+// The main kernel's launches for a dense batch: one grid of (key blocks, B·Hkv), or, deterministic,
+// one launch per key block: each dq_accum element then receives one atomic per launch, in
+// key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also needs one
+// CTA per launch.
+template <class T, class Tr>
+void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_in,
+                           bool dbias_cross_cta, cudaStream_t stream) {
+  auto kernel = attention_backward_kernel<T, Tr, false>;
+  static std::atomic<unsigned long long> opted_in{0};
+  once_per_device(opted_in, [&] {
+    check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
+        "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
+  });
+  BwdLaunchExtra extra = extra_in;
+  const int key_blocks = static_cast<int>((p.Lk + Tr::kBc - 1) / Tr::kBc);
+  const int heads = p.B * p.Hkv;
+  if (!p.deterministic) {
+    kernel<<<dim3(key_blocks, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+    check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
+    return;
+  }
+  for (int n = 0; n < key_blocks; ++n) {
+    extra.key_block_base = n;
+    if (!dbias_cross_cta) {
+      extra.head_base = 0;
+      kernel<<<dim3(1, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+      check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
+    } else {
+      for (int y = 0; y < heads; ++y) {
+        extra.head_base = y;
+        kernel<<<dim3(1, 1), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+        check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
+      }
+    }
+  }
+}
+
+// The main kernel's launches for packed sequences: over the key tiles of every sequence (the
+// scheduler's grid, sized from the row count so that no host read of the offsets is needed), or,
+// deterministic, one launch per key block index with one CTA per sequence, so that each dq_accum
+// element receives one atomic per launch, in key-block order, as in the dense launches (an
+// equal-length packed call then gives the dense batch's bits).
+template <class T, class Tr>
+void launch_backward_packed(const BackwardParams& p, const BwdLaunchExtra& extra_in,
+                            cudaStream_t stream) {
+  auto kernel = attention_backward_kernel<T, Tr, true>;
+  static std::atomic<unsigned long long> opted_in{0};
+  once_per_device(opted_in, [&] {
+    check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
+        "cudaFuncSetAttribute(packed backward kernel, max dynamic shared memory)");
+  });
+  BwdLaunchExtra extra = extra_in;
+  if (!p.deterministic) {
+    const std::int64_t tiles = varlen_tile_bound(p.total_k, p.B, p.Lk, Tr::kBc);
+    if (tiles == 0) return;
+    kernel<<<dim3(static_cast<unsigned>(tiles), p.Hkv), Tr::kThreads, Tr::kSmemBytes, stream>>>(
+        p, extra);
+    check_cuda(cudaGetLastError(), "attention_backward_kernel (packed) launch");
+    return;
+  }
+  extra.seq_per_cta = true;
+  const std::int64_t key_blocks = (p.Lk + Tr::kBc - 1) / Tr::kBc;
+  for (std::int64_t n = 0; n < key_blocks; ++n) {
+    extra.key_block_base = static_cast<int>(n);
+    kernel<<<dim3(p.B, p.Hkv), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+    check_cuda(cudaGetLastError(), "attention_backward_kernel (packed) launch");
+  }
+}
+
 // The launch sequence for one tile shape (the benchmark also calls it with candidate shapes).
 template <class T, class Tr>
 void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
@@ -60,7 +131,8 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   extra.dbias_accum = ws.dbias_mode == 2 ? reinterpret_cast<float*>(base + ws.dbias_accum) : nullptr;
 
   // 1. softmax_d, zeroed accumulators (and a zeroed dbias where it is written tile by tile).
-  const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
+  const WorkspaceRows wr = workspace_rows(p);
+  const std::int64_t rows = wr.batches * p.Hq * wr.rows;
   bwd_preprocess_kernel<T><<<bwd_grid_1d(rows, 8), 256, 0, stream>>>(
       p, extra.dbias_accum, ws.dbias_accum_elems);
   check_cuda(cudaGetLastError(), "bwd_preprocess_kernel launch");
@@ -72,37 +144,11 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   }
 
   // 2. main kernel.
-  auto kernel = attention_backward_kernel<T, Tr>;
-  static std::atomic<unsigned long long> opted_in{0};
-  once_per_device(opted_in, [&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Tr::kSmemBytes),
-               "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
-  });
-  const int key_blocks = static_cast<int>((p.Lk + Tr::kBc - 1) / Tr::kBc);
-  const int heads = p.B * p.Hkv;
-  if (!p.deterministic) {
-    kernel<<<dim3(key_blocks, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
-    check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
+  if (p.cu_seqlens_k != nullptr) {
+    launch_backward_packed<T, Tr>(p, extra, stream);
   } else {
-    // One launch per key block: each dq_accum element then receives one atomic per launch, in
-    // key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also
-    // needs one CTA per launch.
-    const bool dbias_cross_cta = ws.dbias_mode == 2 && dbias_reduced_across_ctas(p);
-    for (int n = 0; n < key_blocks; ++n) {
-      extra.key_block_base = n;
-      if (!dbias_cross_cta) {
-        extra.head_base = 0;
-        kernel<<<dim3(1, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
-        check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
-      } else {
-        for (int y = 0; y < heads; ++y) {
-          extra.head_base = y;
-          kernel<<<dim3(1, 1), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
-          check_cuda(cudaGetLastError(), "attention_backward_kernel launch");
-        }
-      }
-    }
+    launch_backward_dense<T, Tr>(p, extra, ws.dbias_mode == 2 && dbias_reduced_across_ctas(p),
+                                 stream);
   }
 
   // 3. dq (and a reduced dbias) in the output dtype.

@@ -3,6 +3,12 @@
 // double-buffered, XOR-swizzled shared memory; softmax is online in registers; dropout is applied
 // to the packed P fragment with the bytes of the shared map (core/dropout_map.h: one Philox call
 // per row per 64 keys per lane, the S orientation of dropout_frag.cuh) before P·V.
+//
+// Packed variable-length sequences (kVarlen, common/varlen.cuh): the grid is (query tiles of
+// every sequence, Hq) and a CTA finds its (sequence, query block) with the warp-scan scheduler;
+// all addressing is then that of a dense batch entry of the sequence's lengths whose rows start
+// at its packed rows. The dense instantiation keeps compile-time zero offsets and reads the
+// lengths from the params as before, so packed support costs it nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +20,7 @@
 #include "cuda/common/dropout_frag.cuh"
 #include "cuda/common/mask.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/varlen.cuh"
 #include "cuda/params.h"
 #include "cuda/sm80/mma.cuh"
 
@@ -89,7 +96,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans_addr(std::uint32_t (&r)[4], st
                : "r"(addr));
 }
 
-template <class T, class Tr, bool kDropout>
+template <class T, class Tr, bool kDropout, bool kVarlen>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_forward_kernel(const ForwardParams p) {
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles, kDT = Tr::kDTiles, kHD = Tr::kHeadDim;
@@ -101,30 +108,65 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int bh = blockIdx.x;
-  const int b = bh / p.Hq, h = bh % p.Hq, kvh = h / p.group;
-  // Heaviest query blocks (most keys under a causal mask) are scheduled first.
-  const std::int64_t m0 = static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y) * Tr::kBlockM;
+  // This CTA's batch entry or sequence b, head h and first query row m0 (inside the sequence);
+  // packed, `span` holds the sequence's first packed rows, lengths and causal shift (dense: its
+  // offsets stay compile-time zeros).
+  int b, h, kvh;
+  std::int64_t m0;
+  std::int64_t bh;  // the dropout map's (b, h): batch entry or sequence b (docs/dropout.md)
+  SeqSpan span;
+  if constexpr (kVarlen) {
+    // Every warp runs the scheduler (a few coalesced loads of the offsets) rather than one warp
+    // and a barrier: the answer is the same in all of them, so the whole CTA returns together.
+    const VarlenTile tile =
+        varlen_tile(p.cu_seqlens_q, p.B, p.total_q, p.Lq, Tr::kBlockM, blockIdx.x);
+    if (tile.seq >= p.B) return;  // past the last tile (the grid is an upper bound)
+    b = tile.seq;
+    h = blockIdx.y;
+    kvh = h / p.group;
+    bh = static_cast<std::int64_t>(b) * p.Hq + h;
+    span = seq_span(p, b);
+    // Heaviest query blocks of a sequence (most keys under a causal mask) first.
+    const int blocks = static_cast<int>((span.Lq + Tr::kBlockM - 1) / Tr::kBlockM);
+    m0 = static_cast<std::int64_t>(blocks - 1 - tile.block) * Tr::kBlockM;
+  } else {
+    const int bh_dense = blockIdx.x;
+    bh = bh_dense;
+    b = bh_dense / p.Hq;
+    h = bh_dense % p.Hq;
+    kvh = h / p.group;
+    // Heaviest query blocks (most keys under a causal mask) are scheduled first.
+    m0 = static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y) * Tr::kBlockM;
+  }
+  // References, not copies: the dense kernel then reads the params where it uses them (constant
+  // bank operands) and keeps no registers for them in the main loop.
+  const std::int64_t& Lq = kVarlen ? span.Lq : p.Lq;
+  const std::int64_t& Lk = kVarlen ? span.Lk : p.Lk;
+  const std::int64_t& causal_shift = kVarlen ? span.causal_shift : p.causal_shift;
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h + m0 * p.q_stride.l;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h +
+               (span.q0 + m0) * p.q_stride.l;
+  const T* k =
+      static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + span.k0 * p.k_stride.l;
+  const T* v =
+      static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + span.k0 * p.v_stride.l;
 
-  std::int64_t n_end = p.Lk;  // keys [0, n_end) can be visible to some row of this block
-  if (p.causal) n_end = min(n_end, m0 + Tr::kBlockM + p.causal_shift);
+  std::int64_t n_end = Lk;  // keys [0, n_end) can be visible to some row of this block
+  if (p.causal) n_end = min(n_end, m0 + Tr::kBlockM + causal_shift);
   const int n_tiles = n_end > 0 ? static_cast<int>((n_end + Tr::kBlockN - 1) / Tr::kBlockN) : 0;
 
-  // Prologue: groups {Q, K0} and {V0}.
-  load_tile<Tr, Tr::kBlockM>(smem_addr(sQ), q, p.q_stride.l, p.Lq - m0, p.D, tid);
-  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sK), k, p.k_stride.l, p.Lk, p.D, tid);
+  // Prologue: groups {Q, K0} and {V0}. Rows past the sequence's lengths load as zeros (packed:
+  // they belong to the next sequence) and keys past Lk are masked below.
+  load_tile<Tr, Tr::kBlockM>(smem_addr(sQ), q, p.q_stride.l, Lq - m0, p.D, tid);
+  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sK), k, p.k_stride.l, Lk, p.D, tid);
   cp_async_commit();
-  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sV), v, p.v_stride.l, p.Lk, p.Dv, tid);
+  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sV), v, p.v_stride.l, Lk, p.Dv, tid);
   cp_async_commit();
 
   // Scores are kept as x = q·k (fast path) or x = scale·q·k + bias (premul) and exponentiated as
   // exp2(x·f - m·f): f folds the scale and log2(e). premul also covers scale <= 0, where the
   // maximum of q·k is not the maximum of the scores.
-  const bool has_bias = p.bias != nullptr;
+  const bool has_bias = !kVarlen && p.bias != nullptr;  // packed calls have none
   const bool premul = has_bias || !(p.scale > 0.0f);
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
@@ -138,7 +180,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const KeepThreshold thr(p.keep_threshold);  // used with dropout (threshold < 256)
 
   const int warp_row0 = warp * Tr::kRowsPerWarp;  // first row of this warp in the block
-  const std::int64_t causal_shift = p.causal_shift;
 
   float o[kMT][kDT][4];
   float row_m[kMT][2], row_l[kMT][2];
@@ -187,8 +228,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     cp_async_wait<1>();  // K[it] has landed (V[it] may still be in flight)
     __syncthreads();     // ... for every thread; and everyone is done with buffers buf ^ 1
     if (it + 1 < n_tiles) {
-      load_tile<Tr, Tr::kBlockN>(smem_addr(sK + (buf ^ 1) * Tr::kSmemKV), k + (n0 + Tr::kBlockN) * p.k_stride.l,
-                                 p.k_stride.l, p.Lk - n0 - Tr::kBlockN, p.D, tid);
+      load_tile<Tr, Tr::kBlockN>(smem_addr(sK + (buf ^ 1) * Tr::kSmemKV),
+                                 k + (n0 + Tr::kBlockN) * p.k_stride.l, p.k_stride.l,
+                                 Lk - n0 - Tr::kBlockN, p.D, tid);
     }
     cp_async_commit();
 
@@ -230,7 +272,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         add_scaled_bias<T>(s[mt], p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l,
-                           m0 + warp_row0 + mt * 16 + g, n0, t, p.Lq, p.Lk, p.scale);
+                           m0 + warp_row0 + mt * 16 + g, n0, t, Lq, Lk, p.scale);
       }
     } else if (premul) {
 #pragma unroll
@@ -240,12 +282,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[mt][n][r] *= p.scale;
     }
-    const bool need_mask = n0 + Tr::kBlockN > p.Lk ||
-                           (p.causal && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
+    const bool need_mask =
+        n0 + Tr::kBlockN > Lk || (p.causal && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        mask_scores(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, p.Lk, p.causal != 0, causal_shift);
+        mask_scores(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, Lk, p.causal != 0, causal_shift);
       }
     }
 
@@ -279,8 +321,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     cp_async_wait<1>();  // V[it] has landed (K[it + 1] may still be in flight)
     __syncthreads();
     if (it + 1 < n_tiles) {
-      load_tile<Tr, Tr::kBlockN>(smem_addr(sV + (buf ^ 1) * Tr::kSmemKV), v + (n0 + Tr::kBlockN) * p.v_stride.l,
-                                 p.v_stride.l, p.Lk - n0 - Tr::kBlockN, p.Dv, tid);
+      load_tile<Tr, Tr::kBlockN>(smem_addr(sV + (buf ^ 1) * Tr::kSmemKV),
+                                 v + (n0 + Tr::kBlockN) * p.v_stride.l, p.v_stride.l,
+                                 Lk - n0 - Tr::kBlockN, p.Dv, tid);
     }
     cp_async_commit();
 
@@ -314,7 +357,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with sQ, sK, sV: sQ becomes the output staging tile
   const float keep_scale = kDropout ? p.keep_scale : 1.0f;
-  float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
+  float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + span.q0;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -325,7 +368,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       const bool empty = !(l > 0.0f);
       const float inv = empty ? 0.0f : keep_scale / l;
       const int row = warp_row0 + mt * 16 + g + 8 * hh;
-      if (t == 0 && m0 + row < p.Lq) {
+      if (t == 0 && m0 + row < Lq) {
         lse_row[m0 + row] = empty ? kNegInf : row_m[mt][hh] * m_to_natural + logf(l);
       }
 #pragma unroll
@@ -335,13 +378,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       }
     }
   __syncthreads();
-  T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + m0 * p.out_stride.l;
+  T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h +
+           (span.q0 + m0) * p.out_stride.l;
   constexpr int kIters = Tr::kBlockM * Tr::kChunks / Tr::kThreads;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int idx = it * Tr::kThreads + tid;
     const int row = idx / Tr::kChunks, chunk = idx % Tr::kChunks;
-    if (m0 + row < p.Lq && chunk * 8 < p.Dv) {
+    if (m0 + row < Lq && chunk * 8 < p.Dv) {  // never the next sequence's rows
       *reinterpret_cast<uint4*>(out + row * p.out_stride.l + chunk * 8) =
           *reinterpret_cast<const uint4*>(sQ + swz<kHD>(row, chunk));
     }

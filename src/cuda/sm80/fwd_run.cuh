@@ -1,16 +1,18 @@
 // Host side of one forward instantiation: the tile shape chosen per head-dim bucket, the
-// dropout switch turned into a template argument, the shared-memory opt-in and the launch.
+// dropout and packed-sequence switches turned into template arguments, the shared-memory opt-in
+// and the launch.
 // Included only by the per-instantiation files in src/cuda/inst/ (one dtype x head dim each).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
+#include "cuda/check.h"
 #include "cuda/sm80/fwd_dispatch.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
-#include "cuda/check.h"
 #include "memeff/error.h"
 
 namespace memeff::cuda {
@@ -36,9 +38,9 @@ struct FwdConfig<256> {
   using Traits = FwdTraits<256, 128, 8, 1>;
 };
 
-template <class T, class Tr, bool kDropout>
+template <class T, class Tr, bool kDropout, bool kVarlen>
 void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, Tr, kDropout>;
+  auto kernel = attention_forward_kernel<T, Tr, kDropout, kVarlen>;
   // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
   static std::atomic<unsigned long long> opted_in{0};
   once_per_device(opted_in, [&] {
@@ -46,19 +48,37 @@ void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
                                     Tr::kSmemBytes),
                "cudaFuncSetAttribute(forward kernel, max dynamic shared memory)");
   });
-  const dim3 grid(static_cast<unsigned>(params.B * params.Hq),
-                  static_cast<unsigned>((params.Lq + Tr::kBlockM - 1) / Tr::kBlockM));
+  dim3 grid;
+  if constexpr (kVarlen) {
+    // Query tiles of all sequences (an upper bound from the row count, so no host read of the
+    // offsets: graph capture and unchecked offsets work) x heads; surplus CTAs return at once.
+    const std::int64_t tiles = varlen_tile_bound(params.total_q, params.B, params.Lq, Tr::kBlockM);
+    if (tiles == 0) return;
+    grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(params.Hq));
+  } else {
+    grid = dim3(static_cast<unsigned>(params.B * params.Hq),
+                static_cast<unsigned>((params.Lq + Tr::kBlockM - 1) / Tr::kBlockM));
+  }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params);
   check_cuda(cudaGetLastError(), "attention_forward_kernel launch");
+}
+
+template <class T, class Tr, bool kDropout>
+void launch_forward_layout(const ForwardParams& params, cudaStream_t stream) {
+  if (params.cu_seqlens_q != nullptr) {
+    launch_forward_kernel<T, Tr, kDropout, true>(params, stream);
+  } else {
+    launch_forward_kernel<T, Tr, kDropout, false>(params, stream);
+  }
 }
 
 template <class T, int kHeadDim>
 void run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Tr = typename FwdConfig<kHeadDim>::Traits;
   if (params.has_dropout) {
-    launch_forward_kernel<T, Tr, true>(params, stream);
+    launch_forward_layout<T, Tr, true>(params, stream);
   } else {
-    launch_forward_kernel<T, Tr, false>(params, stream);
+    launch_forward_layout<T, Tr, false>(params, stream);
   }
 }
 
