@@ -87,19 +87,20 @@ __device__ __forceinline__ int bwd_key_of_row(int row) {
   return (row & ~63) + 8 * (r & 7) + 2 * (r >> 4) + ((r >> 3) & 1);
 }
 
-// A packed call's key block with its sequence. Plain members only: it crosses the CTA through a
-// __shared__ variable.
+// A packed call's key block with its sequence. Plain members only: it lives in a __shared__
+// variable.
 struct PackedKeyBlock {
   int valid;  // 0: the CTA's tile is past the last one (it exits)
   int seq, block;
   int q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan; packed rows fit in int32)
+  int m_base;  // its first query block in the workspace's per-head layout (packed_block0)
 };
 
 // The CTA's key block (tile blockIdx.x of the scheduler over cu_seqlens_k): warp 0 runs the
-// scheduler's scan, thread 0 shares the result, every thread of the CTA returns it. A CTA-wide
-// barrier: call it from all threads, before the roles split.
-template <int kBlockN>
-__device__ __forceinline__ PackedKeyBlock packed_key_block_of_cta(const BackwardParams& p) {
+// scheduler's scan, thread 0 stores the result in shared memory, every thread of the CTA gets its
+// address. A CTA-wide barrier: call it from all threads, before the roles split.
+template <int kBlockN, int kBlockM>
+__device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const BackwardParams& p) {
   __shared__ PackedKeyBlock slot;
   if (threadIdx.x < 32) {
     PackedKeyBlock kb{};
@@ -115,11 +116,12 @@ __device__ __forceinline__ PackedKeyBlock packed_key_block_of_cta(const Backward
       kb.Lq = static_cast<int>(span.Lq);
       kb.Lk = static_cast<int>(span.Lk);
       kb.causal_shift = static_cast<int>(span.causal_shift);
+      kb.m_base = static_cast<int>(packed_block0(span.q0, vt.seq, kBlockM));
     }
     if (threadIdx.x == 0) slot = kb;
   }
   __syncthreads();
-  return slot;
+  return &slot;
 }
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
@@ -151,9 +153,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Packed: the CTA's key block and sequence (an extra CTA-wide barrier); one past the last tile
   // leaves at once, every thread, before any barrier is set up. The dense code below reads the
   // problem's values wherever a packed call reads the sequence's (kPacked ? pk.x : p.x).
+  // The consumers read the values their main loop needs (keys, first key row, workspace block)
+  // from pk_smem where they use them, not from registers held through the loop: the head-dim-128
+  // backward is at its register limit.
   [[maybe_unused]] PackedKeyBlock pk{};
+  [[maybe_unused]] const PackedKeyBlock* pk_smem = nullptr;
   if constexpr (kPacked) {
-    pk = packed_key_block_of_cta<kBlockN>(p);
+    pk_smem = packed_key_block_of_cta<kBlockN, kBlockM>(p);
+    pk = *pk_smem;
     if (!pk.valid) return;
   }
   const int key_block = kPacked ? pk.block : static_cast<int>(blockIdx.x) + tp.key_block_base;
@@ -220,22 +227,34 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // block in the workspace's per-head layout.
   auto seq_Lk = [&]() -> std::int64_t {
     if constexpr (kPacked) {
-      return pk.Lk;
+      return pk_smem->Lk;
     } else {
       return p.Lk;
     }
   };
-  [[maybe_unused]] const std::int64_t k0 = kPacked ? pk.k0 : 0;
-  [[maybe_unused]] const std::int64_t m_base = kPacked ? packed_block0(pk.q0, pk.seq, kBlockM) : 0;
+  auto k0 = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->k0;
+    } else {
+      return 0;
+    }
+  };
+  [[maybe_unused]] auto m_base = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->m_base;
+    } else {
+      return 0;
+    }
+  };
 
   // K and V, rows permuted inside each 64-key block (bwd_key_of_row), 16-byte chunks placed as
   // the 128-byte swizzle wants them; keys past Lk (packed: the sequence's) and columns past D / Dv
   // are zero.
   {
     const T* kg =
-        static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0 * p.k_stride.l;
+        static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
     const T* vg =
-        static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0 * p.v_stride.l;
+        static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
     constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
     for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
       const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
@@ -337,7 +356,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int hg = item / m_count, m = m_begin + item % m_count;
       std::int64_t row;
       if constexpr (kPacked) {  // the sequence's region of head h (b strides are 0)
-        row = (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base + m) * kBlockM;
+        row =
+            (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base() + m) * kBlockM;
       } else {
         row = (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
               static_cast<std::int64_t>(m) * kBlockM;
@@ -537,7 +557,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (ctid == 0) {
       std::int64_t chunk;
       if constexpr (kPacked) {
-        chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base + m) * 2 + wg;
+        chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
       } else {
         chunk = (bh * m_blocks + m) * 2 + wg;
       }
@@ -593,9 +613,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
   T* const dkg =
-      static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h + k0 * p.dk_stride.l;
+      static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h + k0() * p.dk_stride.l;
   T* const dvg =
-      static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h + k0 * p.dv_stride.l;
+      static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h + k0() * p.dv_stride.l;
   constexpr int kRowChunks = kHeadDim / 8;
   for (int c = ctid + 128 * wg; c < kBlockN * kRowChunks; c += 128 * Tr::kConsumers) {
     const int row = c / kRowChunks, chunk = c % kRowChunks;
