@@ -20,6 +20,13 @@
 namespace memeff::detail {
 namespace {
 
+// Whether lse's rows (dense [B, Hq, Lq]: the last dimension; packed [Hq, total_q]: the packed
+// query rows) are contiguous, as the kernels write and the preprocess reads them.
+bool lse_rows_contiguous(const TensorView& lse) {
+  const int last = lse.rank - 1;
+  return lse.shape[last] <= 1 || lse.stride[last] == 1;
+}
+
 class CudaSm90Backend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda_sm90"; }
@@ -28,17 +35,18 @@ class CudaSm90Backend final : public CudaBackendBase {
     ComputeCapability cc;
     std::vector<std::string> reasons = fused_kernel_reasons(pb, cc);
     if (!cc.ok) return reasons;
-    if (pb.packed) reasons.push_back("packed sequences: not in the cuda_sm90 kernels yet");
     if (pass == Pass::backward) {
       cuda::BackwardParams p;
       fill_from_problem(p, pb);
-      const std::vector<std::string> kernel = cuda::sm90_backward_unsupported(p, cc.major, cc.minor);
+      const std::vector<std::string> kernel =
+          cuda::sm90_backward_unsupported(p, cc.major, cc.minor, pb.packed);
       reasons.insert(reasons.end(), kernel.begin(), kernel.end());
       return reasons;
     }
     cuda::ForwardParams p;
     fill_from_problem(p, pb);
-    const std::vector<std::string> kernel = cuda::sm90_forward_unsupported(p, cc.major, cc.minor);
+    const std::vector<std::string> kernel =
+        cuda::sm90_forward_unsupported(p, cc.major, cc.minor, pb.packed);
     reasons.insert(reasons.end(), kernel.begin(), kernel.end());
     return reasons;
   }
@@ -48,18 +56,19 @@ class CudaSm90Backend final : public CudaBackendBase {
     cuda::BackwardParams p;
     fill_from_problem(p, pb);
     fill_dbias_shape(p, pb);  // dbias may be asked for: count its accumulator when it is reduced
-    return cuda::sm90_backward_workspace_bytes(p);
+    return cuda::sm90_backward_workspace_bytes(p, pb.packed);
   }
 
   void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
                const TensorView& lse, const Options& options) override {
     DeviceScope device(pb.device.index);
     const auto stream = static_cast<cudaStream_t>(options.stream);
+    check_packed_offsets(args, pb, stream);
     if (pb.B == 0 || pb.Hq == 0 || pb.Lq == 0) return;
     cuda::ForwardParams p;
     fill_from_problem(p, pb);
     fill_from_views(p, args, out, lse);
-    if (pb.Lq > 1 && lse.stride[2] != 1) {
+    if (!lse_rows_contiguous(lse)) {
       throw Error(
           ErrorCode::unsupported,
           "cuda_sm90 forward: lse must have a contiguous last dimension, got " + lse.describe());
@@ -71,16 +80,22 @@ class CudaSm90Backend final : public CudaBackendBase {
       throw Error(ErrorCode::unsupported,
                   "cuda_sm90 forward cannot run these tensors: " + join(reasons, "; "));
     }
-    cuda::launch_forward_sm90(p, elem_type(pb.dtype), cc.multiprocessors, stream);  // Lk == 0 writes out 0, lse -inf
+    // Lk == 0 (packed: a sequence without keys) writes out 0, lse -inf.
+    cuda::launch_forward_sm90(p, elem_type(pb.dtype), cc.multiprocessors, stream);
   }
 
   void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,
                 const Options& options) override {
     DeviceScope device(pb.device.index);
     const auto stream = static_cast<cudaStream_t>(options.stream);
+    check_packed_offsets(args, pb, stream);
+    // Packed calls with Lq, Lk the longest sequence's: all sequences empty on one side. Single
+    // empty sequences need nothing here: a sequence without queries still gets its key blocks'
+    // CTAs (they write dk = dv = 0), one without keys none (its dq rows come from the zeroed
+    // accumulator).
     if (backward_empty_edges(pb, g, stream)) return;
     const cuda::BackwardParams p = backward_params(pb, args, g, options);
-    if (pb.Lq > 1 && g.lse.stride[2] != 1) {
+    if (!lse_rows_contiguous(g.lse)) {
       throw Error(ErrorCode::unsupported,
                   "cuda_sm90 backward: lse must have a contiguous last dimension, got " +
                       g.lse.describe());
@@ -91,8 +106,8 @@ class CudaSm90Backend final : public CudaBackendBase {
       throw Error(ErrorCode::unsupported,
                   "cuda_sm90 backward cannot run these tensors: " + join(reasons, "; "));
     }
-    StreamWorkspace workspace("cuda_sm90", cuda::sm90_backward_workspace_bytes(p), options,
-                              stream);
+    StreamWorkspace workspace("cuda_sm90", cuda::sm90_backward_workspace_bytes(p, pb.packed),
+                              options, stream);
     cuda::launch_backward_sm90(p, workspace.data(), elem_type(pb.dtype), stream);
     workspace.release();
   }

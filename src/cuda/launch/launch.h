@@ -24,8 +24,10 @@ std::vector<std::string> forward_unsupported(const ForwardParams& params, int sm
 // `multiprocessors`: the device's SM count, the persistent grid's size.
 void launch_forward_sm90(const ForwardParams& params, ElemType type, int multiprocessors,
                          cudaStream_t stream);
+// `packed`: a packed call whose params came from the Problem alone (params filled from views say
+// so themselves: cu_seqlens_q set).
 std::vector<std::string> sm90_forward_unsupported(const ForwardParams& params, int sm_major,
-                                                  int sm_minor);
+                                                  int sm_minor, bool packed = false);
 // Whether this build compiled the sm90 kernels for sm_90a (else they are stubs).
 bool sm90_kernels_built();
 // Whether this build's device code loads on the current device: cudaSuccess when one of its
@@ -37,9 +39,10 @@ cudaError_t probe_kernel_image();
 // workspace (sm90_backward_workspace_bytes, 16-byte aligned). src/cuda/launch/sm90_bwd_launch.cu
 void launch_backward_sm90(const BackwardParams& params, void* workspace, ElemType type,
                           cudaStream_t stream);
-std::size_t sm90_backward_workspace_bytes(const BackwardParams& params);
+// `packed` as for sm90_forward_unsupported; the workspace's layout depends on it.
+std::size_t sm90_backward_workspace_bytes(const BackwardParams& params, bool packed = false);
 std::vector<std::string> sm90_backward_unsupported(const BackwardParams& params, int sm_major,
-                                                   int sm_minor);
+                                                   int sm_minor, bool packed = false);
 
 // Backward: writes dq, dk, dv and dbias. `workspace` holds backward_workspace_bytes(params)
 // bytes (16-byte aligned); the launcher carves softmax_d, dq_accum and its other scratch from it.

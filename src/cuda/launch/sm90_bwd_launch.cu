@@ -1,5 +1,6 @@
 // sm90 backward launcher: the reasons the Hopper backward cannot run a problem, its workspace,
-// the TMA descriptors of q and dout, and the pick of the dtype x head-dim instantiation.
+// the TMA descriptors of q and dout (packed calls: of the packed tensors), and the pick of the
+// dtype x head-dim instantiation.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/varlen.cuh"
 #include "cuda/launch/launch.h"
 #include "cuda/launch/launch_checks.h"
 #include "cuda/sm90/bwd_dispatch.cuh"
@@ -25,7 +27,8 @@ int backward_bucket(const BackwardParams& p) {
 }  // namespace
 
 std::vector<std::string> sm90_backward_unsupported(const BackwardParams& p, int sm_major,
-                                                   int sm_minor) {
+                                                   int sm_minor, bool packed) {
+  packed = packed || p.cu_seqlens_q != nullptr;
   std::vector<std::string> reasons;
   if (!sm90_kernels_built()) {
     reasons.push_back("this build has no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)");
@@ -53,7 +56,19 @@ std::vector<std::string> sm90_backward_unsupported(const BackwardParams& p, int 
   if (p.group <= 0 || p.Hkv <= 0 || p.Hq != p.Hkv * p.group) {
     reasons.push_back("Hq must be a multiple of Hkv (GQA group)");
   }
-  if (static_cast<std::int64_t>(p.B) * p.Hkv > 65535) {
+  if (packed) {
+    // Grids (key tiles, Hkv) and (2·query tiles, heads); per head total_q / 64 + S workspace
+    // blocks counted in int.
+    if (p.Hkv > 65535) {
+      reasons.push_back("Hkv = " + std::to_string(p.Hkv) + " exceeds the grid's 65535 kv heads");
+    }
+    const std::int64_t key_tiles = varlen_tile_bound(p.total_k, p.B, p.Lk, sm90::kBackwardBlockN);
+    const std::int64_t query_tiles = varlen_tile_bound(p.total_q, p.B, p.Lq, 64);
+    if (key_tiles > 0x7FFFFFFFll || 2 * query_tiles > 0x7FFFFFFFll ||
+        p.total_q / 64 + p.B > 0x7FFFFFFFll) {
+      reasons.push_back("the packed sequences' tiles exceed the grid's 2^31 - 1");
+    }
+  } else if (static_cast<std::int64_t>(p.B) * p.Hkv > 65535) {
     reasons.push_back("B·Hkv = " + std::to_string(static_cast<std::int64_t>(p.B) * p.Hkv) +
                       " exceeds the grid's 65535 (batch, kv head) blocks");
   }
@@ -66,8 +81,9 @@ std::vector<std::string> sm90_backward_unsupported(const BackwardParams& p, int 
   return reasons;
 }
 
-std::size_t sm90_backward_workspace_bytes(const BackwardParams& p) {
-  return sm90::backward_workspace_layout(p, backward_bucket(p)).total;
+std::size_t sm90_backward_workspace_bytes(const BackwardParams& p, bool packed) {
+  return sm90::backward_workspace_layout(p, backward_bucket(p), packed || p.cu_seqlens_q != nullptr)
+      .total;
 }
 
 namespace {
@@ -94,7 +110,8 @@ void launch_backward_sm90(const BackwardParams& params, void* workspace, ElemTyp
                 "cuda_sm90 backward: head dims D = " + std::to_string(params.D) +
                     ", Dv = " + std::to_string(params.Dv) + " have no kernel");
   }
-  const sm90::BwdWorkspace ws = sm90::backward_workspace_layout(params, bucket);
+  const bool packed = params.cu_seqlens_q != nullptr;
+  const sm90::BwdWorkspace ws = sm90::backward_workspace_layout(params, bucket, packed);
   if (workspace == nullptr) {
     throw Error(ErrorCode::invalid_argument, "argument `workspace`: the cuda_sm90 backward needs " +
                                                  std::to_string(ws.total) +
@@ -112,14 +129,18 @@ void launch_backward_sm90(const BackwardParams& params, void* workspace, ElemTyp
   tp.dbias_mode = ws.dbias_mode;
   tp.lq_pad = ws.lq_pad;
   tp.m_blocks = ws.m_blocks;
-  sm90::encode_tma_4d_or_throw(
-      tp.q,
-      sm90::tma_tensor(params.q, bf16, params.B, params.Hq, params.Lq, params.D, params.q_stride),
-      block_m, "cuda_sm90 backward: `q`");
-  sm90::encode_tma_4d_or_throw(tp.dout,
-                               sm90::tma_tensor(params.dout, bf16, params.B, params.Hq, params.Lq,
-                                                params.Dv, params.dout_stride),
-                               block_m, "cuda_sm90 backward: `dout`");
+  if (packed) {
+    tp.packed_q_tiles =
+        static_cast<int>(varlen_tile_bound(params.total_q, params.B, params.Lq, block_m));
+  }
+  auto map_of = [&](const void* data, int D, const Strides& s) {
+    return packed ? sm90::tma_tensor_packed(data, bf16, params.Hq, params.total_q, D, s)
+                  : sm90::tma_tensor(data, bf16, params.B, params.Hq, params.Lq, D, s);
+  };
+  sm90::encode_tma_4d_or_throw(tp.q, map_of(params.q, params.D, params.q_stride), block_m,
+                               "cuda_sm90 backward: `q`");
+  sm90::encode_tma_4d_or_throw(tp.dout, map_of(params.dout, params.Dv, params.dout_stride), block_m,
+                               "cuda_sm90 backward: `dout`");
   switch (bucket) {
     case 64:
       run_bucket<64>(tp, ws, bf16, stream);

@@ -1,5 +1,6 @@
 // sm90 forward launcher: the reasons the Hopper forward cannot run a problem, the TMA descriptors
-// of q, k and v, and the pick of the dtype x head-dim instantiation.
+// of q, k and v (packed calls: of the packed tensors, and the tile scheduler's grid bound), and
+// the pick of the dtype x head-dim instantiation.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/varlen.cuh"
 #include "cuda/launch/launch.h"
 #include "cuda/launch/launch_checks.h"
 #include "cuda/sm90/fwd_dispatch.cuh"
@@ -23,8 +25,22 @@ bool sm90_kernels_built() {
 #endif
 }
 
+namespace {
+
+// Query tiles per head of a packed call's grid (the scheduler's bound for the bucket's blocks).
+std::int64_t packed_query_tiles(const ForwardParams& p, int block_m) {
+  return varlen_tile_bound(p.total_q, p.B, p.Lq, block_m);
+}
+
+int forward_bucket(const ForwardParams& p) {
+  return head_dim_bucket(sm90::kForwardHeadDims, p.D > p.Dv ? p.D : p.Dv);
+}
+
+}  // namespace
+
 std::vector<std::string> sm90_forward_unsupported(const ForwardParams& p, int sm_major,
-                                                  int sm_minor) {
+                                                  int sm_minor, bool packed) {
+  packed = packed || p.cu_seqlens_q != nullptr;
   std::vector<std::string> reasons;
   if (!sm90_kernels_built()) {
     reasons.push_back("this build has no sm_90a code (CMAKE_CUDA_ARCHITECTURES without 90a)");
@@ -48,10 +64,20 @@ std::vector<std::string> sm90_forward_unsupported(const ForwardParams& p, int sm
   check_strides(reasons, "k", p.k_stride);
   check_strides(reasons, "v", p.v_stride);
   check_strides(reasons, "out", p.out_stride);
-  const std::int64_t query_blocks = (p.Lq + 63) / 64 * static_cast<std::int64_t>(p.B) * p.Hq;
-  if (query_blocks > 0x7FFFFFFFll) {
-    reasons.push_back("ceil(Lq / 64)·B·Hq = " + std::to_string(query_blocks) +
-                      " query blocks exceed the grid's 2^31 - 1");
+  if (packed) {
+    const int block_m = sm90::forward_tile(forward_bucket(p)).block_m;
+    const std::int64_t ctas = packed_query_tiles(p, block_m > 0 ? block_m : 64) * p.Hq;
+    if (ctas > 0x7FFFFFFFll) {
+      reasons.push_back(std::to_string(ctas) +
+                        " (query tile, head) pairs of the packed sequences exceed the grid's "
+                        "2^31 - 1");
+    }
+  } else {
+    const std::int64_t query_blocks = (p.Lq + 63) / 64 * static_cast<std::int64_t>(p.B) * p.Hq;
+    if (query_blocks > 0x7FFFFFFFll) {
+      reasons.push_back("ceil(Lq / 64)·B·Hq = " + std::to_string(query_blocks) +
+                        " query blocks exceed the grid's 2^31 - 1");
+    }
   }
   if (p.Lq > 0x7FFFFFFFll) {
     reasons.push_back("Lq = " + std::to_string(p.Lq) + " exceeds TMA's 32-bit coordinates");
@@ -79,8 +105,7 @@ void run_bucket(const sm90::ForwardTmaParams& tp, bool bf16, int multiprocessors
 void launch_forward_sm90(const ForwardParams& params, ElemType type, int multiprocessors,
                          cudaStream_t stream) {
   if (params.Lq == 0 || params.B == 0 || params.Hq == 0) return;
-  const int bucket =
-      head_dim_bucket(sm90::kForwardHeadDims, params.D > params.Dv ? params.D : params.Dv);
+  const int bucket = forward_bucket(params);
   const sm90::ForwardTile tile = sm90::forward_tile(bucket);
   if (tile.block_m == 0) {
     throw Error(ErrorCode::unsupported,
@@ -90,19 +115,25 @@ void launch_forward_sm90(const ForwardParams& params, ElemType type, int multipr
   const bool bf16 = type == ElemType::bf16;
   sm90::ForwardTmaParams tp{};
   tp.p = params;
+  const bool packed = params.cu_seqlens_q != nullptr;
+  auto map_of = [&](const void* data, int H, std::int64_t L, int D, const Strides& s,
+                    std::int64_t total) {
+    return packed ? sm90::tma_tensor_packed(data, bf16, H, total, D, s)
+                  : sm90::tma_tensor(data, bf16, params.B, H, L, D, s);
+  };
+  if (packed) tp.packed_tiles = static_cast<int>(packed_query_tiles(params, tile.block_m));
   sm90::encode_tma_4d_or_throw(
-      tp.q,
-      sm90::tma_tensor(params.q, bf16, params.B, params.Hq, params.Lq, params.D, params.q_stride),
+      tp.q, map_of(params.q, params.Hq, params.Lq, params.D, params.q_stride, params.total_q),
       tile.block_m, "cuda_sm90 forward: `q`");
-  if (params.Lk > 0) {  // with no keys the kernel loads only Q
-    sm90::encode_tma_4d_or_throw(tp.k,
-                                 sm90::tma_tensor(params.k, bf16, params.B, params.Hkv, params.Lk,
-                                                  params.D, params.k_stride),
-                                 tile.block_n, "cuda_sm90 forward: `k`");
-    sm90::encode_tma_4d_or_throw(tp.v,
-                                 sm90::tma_tensor(params.v, bf16, params.B, params.Hkv, params.Lk,
-                                                  params.Dv, params.v_stride),
-                                 tile.block_n, "cuda_sm90 forward: `v`");
+  // With no keys the kernel loads only Q (packed: Lk, the longest sequence's keys, is at most
+  // total_k, so Lk > 0 leaves a map of at least one row).
+  if (params.Lk > 0) {
+    sm90::encode_tma_4d_or_throw(
+        tp.k, map_of(params.k, params.Hkv, params.Lk, params.D, params.k_stride, params.total_k),
+        tile.block_n, "cuda_sm90 forward: `k`");
+    sm90::encode_tma_4d_or_throw(
+        tp.v, map_of(params.v, params.Hkv, params.Lk, params.Dv, params.v_stride, params.total_k),
+        tile.block_n, "cuda_sm90 forward: `v`");
   }
   switch (bucket) {
     case 64:

@@ -23,6 +23,16 @@
 // transpose of nibbles (three shuffles per 64 queries). Nothing else sees the permutation: dS
 // rows in shared memory follow K's rows, so dQ = dS·K sums the same keys, and dK, dV are
 // written through shared memory to their true rows.
+//
+// Packed sequences (kPacked, params.h: cu_seqlens_q/k): the grid is (key tiles, Hkv) and CTA x
+// takes the key block of the varlen tile scheduler over cu_seqlens_k (src/cuda/common/varlen.cuh),
+// so a sequence gets one CTA per 128 of its keys (one with none, for dk = dv = 0, when it has no
+// queries) and CTAs past the last tile exit. Everything else is the sequence's: its query blocks
+// (Q and dO boxes at its first packed row plus the block's; rows past its end are the next
+// sequence's, whose lse·log2(e) the preprocess set to +inf in the padded workspace, so their P and
+// dS are 0), its keys (loaded by index, zero past its end), its causal diagonal, the dropout map
+// of b = s at positions inside it, and its own block-aligned region of the dQ workspace
+// (packed_block0 in bwd_traits.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -37,6 +47,7 @@
 #include "cuda/common/mask.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/types.cuh"
+#include "cuda/common/varlen.cuh"
 #include "cuda/params.h"
 #include "cuda/sm80/mma.cuh"
 #include "cuda/sm90/bwd_traits.cuh"
@@ -76,9 +87,47 @@ __device__ __forceinline__ int bwd_key_of_row(int row) {
   return (row & ~63) + 8 * (r & 7) + 2 * (r >> 4) + ((r >> 3) & 1);
 }
 
-template <class T, class Tr, bool kDropout, bool kBias>
+// A packed call's key block with its sequence. Plain members only: it lives in a __shared__
+// variable.
+struct PackedKeyBlock {
+  int valid;  // 0: the CTA's tile is past the last one (it exits)
+  int seq, block;
+  int q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan; packed rows fit in int32)
+  int m_base;  // its first query block in the workspace's per-head layout (packed_block0)
+};
+
+// The CTA's key block (tile blockIdx.x of the scheduler over cu_seqlens_k): warp 0 runs the
+// scheduler's scan, thread 0 stores the result in shared memory, every thread of the CTA gets its
+// address. A CTA-wide barrier: call it from all threads, before the roles split.
+template <int kBlockN, int kBlockM>
+__device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const BackwardParams& p) {
+  __shared__ PackedKeyBlock slot;
+  if (threadIdx.x < 32) {
+    PackedKeyBlock kb{};
+    const VarlenTile vt = varlen_tile(p.cu_seqlens_k, p.B, p.total_k, p.Lk, kBlockN,
+                                      static_cast<std::int64_t>(blockIdx.x));
+    if (vt.seq < p.B) {
+      const SeqSpan span = seq_span(p, vt.seq);
+      kb.valid = 1;
+      kb.seq = vt.seq;
+      kb.block = vt.block;
+      kb.q0 = static_cast<int>(span.q0);
+      kb.k0 = static_cast<int>(span.k0);
+      kb.Lq = static_cast<int>(span.Lq);
+      kb.Lk = static_cast<int>(span.Lk);
+      kb.causal_shift = static_cast<int>(span.causal_shift);
+      kb.m_base = static_cast<int>(packed_block0(span.q0, vt.seq, kBlockM));
+    }
+    if (threadIdx.x == 0) slot = kb;
+  }
+  __syncthreads();
+  return &slot;
+}
+
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_sm90_kernel(const __grid_constant__ BackwardTmaParams tp) {
+  static_assert(!(kPacked && kBias), "packed calls take no bias");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
@@ -101,17 +150,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler knows the role is warp-uniform.
   const int warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
-  const int key_block = static_cast<int>(blockIdx.x) + tp.key_block_base;
+  // Packed: the CTA's key block and sequence (an extra CTA-wide barrier); one past the last tile
+  // leaves at once, every thread, before any barrier is set up. The dense code below reads the
+  // problem's values wherever a packed call reads the sequence's (kPacked ? pk.x : p.x).
+  // The consumers read the values their main loop needs (keys, first key row, workspace block)
+  // from pk_smem where they use them, not from registers held through the loop: the head-dim-128
+  // backward is at its register limit.
+  [[maybe_unused]] PackedKeyBlock pk{};
+  [[maybe_unused]] const PackedKeyBlock* pk_smem = nullptr;
+  if constexpr (kPacked) {
+    pk_smem = packed_key_block_of_cta<kBlockN, kBlockM>(p);
+    pk = *pk_smem;
+    if (!pk.valid) return;
+  }
+  const int key_block = kPacked ? pk.block : static_cast<int>(blockIdx.x) + tp.key_block_base;
   const int y = static_cast<int>(blockIdx.y) + tp.head_base;
-  const int b = y / p.Hkv, kvh = y % p.Hkv;
+  // Packed: b = the sequence (the dropout map's b; the b strides are 0), grid y the kv head.
+  const int b = kPacked ? pk.seq : y / p.Hkv, kvh = kPacked ? y : y % p.Hkv;
   const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBlockN;
 
   // Query blocks that see any key of this block: all, or (causal) those with a row i where
   // n0 <= i + shift for some i in the block.
-  const int m_blocks = tp.m_blocks;
+  const int m_blocks = kPacked ? (pk.Lq + kBlockM - 1) / kBlockM : tp.m_blocks;
   int m_begin = 0;
   if (p.causal != 0) {
-    const std::int64_t need = n0 - p.causal_shift - (kBlockM - 1);
+    const std::int64_t need = n0 - (kPacked ? pk.causal_shift : p.causal_shift) - (kBlockM - 1);
     if (need > 0)
       m_begin = static_cast<int>(
           min((need + kBlockM - 1) / kBlockM, static_cast<std::int64_t>(m_blocks)));
@@ -142,11 +205,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const int h = kvh * p.group + hg;
         mbar_wait(empty(s), phase ^ 1);
         mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes);
+        // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
+        const int row = m * kBlockM + (kPacked ? pk.q0 : 0), batch = kPacked ? 0 : b;
 #pragma unroll
         for (int db = 0; db < Tr::kDBlocks; ++db) {
-          tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, m * kBlockM, h, b);
-          tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, m * kBlockM, h,
-                      b);
+          tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
+          tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, row, h, batch);
         }
       }
     }
@@ -158,19 +222,46 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int wg = warpgroup - 1;  // consumer index: keys 64·wg .. 64·wg + 63 of the block
   const int ctid = tid - 128 * warpgroup;  // thread within the warpgroup
   const int warp = ctid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // The sequence's keys (dense: the problem's, read where used as before: a local copy would
+  // hold two more registers through the main loop); packed: its first key row and its first query
+  // block in the workspace's per-head layout.
+  auto seq_Lk = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->Lk;
+    } else {
+      return p.Lk;
+    }
+  };
+  auto k0 = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->k0;
+    } else {
+      return 0;
+    }
+  };
+  [[maybe_unused]] auto m_base = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->m_base;
+    } else {
+      return 0;
+    }
+  };
 
   // K and V, rows permuted inside each 64-key block (bwd_key_of_row), 16-byte chunks placed as
-  // the 128-byte swizzle wants them; keys past Lk and columns past D / Dv are zero.
+  // the 128-byte swizzle wants them; keys past Lk (packed: the sequence's) and columns past D / Dv
+  // are zero.
   {
-    const T* kg = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
-    const T* vg = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
+    const T* kg =
+        static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
+    const T* vg =
+        static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
     constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
     for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
       const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
       const std::int64_t key = n0 + bwd_key_of_row(row);
       const int col = 64 * db + 8 * chunk;
       const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
-      const bool row_ok = key < p.Lk;
+      const bool row_ok = key < seq_Lk();
       const std::int64_t kc = row_ok ? key : 0;
       cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
                   row_ok && col < p.D ? 16 : 0);
@@ -192,7 +283,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // dV, dK, dQ and dbias are accumulated from Pᵀ∘M and dSᵀ / keep_scale (see the dS step).
   const float ds_scale = kDropout ? p.keep_scale : 1.0f;
   const bool causal = p.causal != 0;
-  const std::int64_t causal_shift = p.causal_shift;
+  const std::int64_t causal_shift = kPacked ? pk.causal_shift : p.causal_shift;
   // This thread's keys (its rows of Sᵀ in row halves 0 and 1): key0 and key0 + 1.
   const std::int64_t key0 = n0 + 64 * wg + 8 * g + 2 * warp;
   const std::uint64_t key_block64 = static_cast<std::uint64_t>((n0 + 64 * wg) / 64);
@@ -263,9 +354,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto prefetch_stats = [&](int item) {
     if (stat_copier) {
       const int hg = item / m_count, m = m_begin + item % m_count;
-      const std::int64_t row =
-          (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
-          static_cast<std::int64_t>(m) * kBlockM;
+      std::int64_t row;
+      if constexpr (kPacked) {  // the sequence's region of head h (b strides are 0)
+        row =
+            (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base() + m) * kBlockM;
+      } else {
+        row = (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
+              static_cast<std::int64_t>(m) * kBlockM;
+      }
       const int array = stat_copy / kStatChunks, chunk = stat_copy % kStatChunks;
       const float* src = (array == 0 ? tp.lse_log2 : p.softmax_d) + row + 4 * chunk;
       cp_async_16(stats(item & 1, array) + 16 * chunk, src, 16);
@@ -311,7 +407,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     wgmma_commit();
     draw_keep(it, keep);
 
-    const bool need_mask = n0 + kBlockN > p.Lk || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
+    const bool need_mask =
+        n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
     const std::int64_t bias_row0 = kBias ? bias_b + h * p.bias_stride.h : 0;
 
     // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked.
@@ -344,7 +441,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
-          if (j >= p.Lk || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
+          if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
         }
     }
 
@@ -379,7 +476,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (sees_one_key(m0 + 8 * n + 2 * t + e, p.Lk, causal, causal_shift)) {
+          if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
             dpacc[n][e] = 0.0f;
             dpacc[n][2 + e] = 0.0f;
           }
@@ -458,11 +555,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_proxy_async_smem();
     named_bar_sync(Tr::kDqBarrier + wg, 128);
     if (ctid == 0) {
-      const std::int64_t chunk = (bh * m_blocks + m) * 2 + wg;
+      std::int64_t chunk;
+      if constexpr (kPacked) {
+        chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
+      } else {
+        chunk = (bh * m_blocks + m) * 2 + wg;
+      }
       if (p.deterministic) {
-        // Key blocks add into a chunk in order: this one waits for its turn.
+        // Key blocks add into a chunk in order: this one waits for its turn. Packed calls wait
+        // for "at least" and raise the counter monotonically: with unchecked offsets two
+        // sequences may share chunks, and an exact turn could then be skipped and wait forever.
         int* turn = tp.dq_turn + chunk;
-        while (ld_acquire(turn) != key_block) {
+        if constexpr (kPacked) {
+          while (ld_acquire(turn) < key_block) {
+          }
+        } else {
+          while (ld_acquire(turn) != key_block) {
+          }
         }
         fence_proxy_async_global();
       }
@@ -472,7 +581,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (p.deterministic) {
         bulk_wait<0>();
         fence_proxy_async_global();
-        st_release(tp.dq_turn + chunk, key_block + 1);
+        if constexpr (kPacked) {
+          red_release_max(tp.dq_turn + chunk, key_block + 1);
+        } else {
+          st_release(tp.dq_turn + chunk, key_block + 1);
+        }
       }
     }
   }
@@ -499,13 +612,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   }
   named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
-  T* const dkg = static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h;
-  T* const dvg = static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h;
+  T* const dkg =
+      static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h + k0() * p.dk_stride.l;
+  T* const dvg =
+      static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h + k0() * p.dv_stride.l;
   constexpr int kRowChunks = kHeadDim / 8;
   for (int c = ctid + 128 * wg; c < kBlockN * kRowChunks; c += 128 * Tr::kConsumers) {
     const int row = c / kRowChunks, chunk = c % kRowChunks;
     const std::int64_t key = n0 + row;
-    if (key >= p.Lk) continue;
+    if (key >= seq_Lk()) continue;
     const int col = 8 * chunk;
     const int off = row * kRowBytes + ((chunk ^ ((row >> 3) & 7)) << 4);
     if (col < p.D) {

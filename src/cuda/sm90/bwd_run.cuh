@@ -27,13 +27,23 @@ inline unsigned bwd_sm90_grid_1d(std::int64_t work, int per_block) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65535));
 }
 
-template <class T, class Tr, bool kDropout, bool kBias>
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false>
 void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
-  auto kernel = attention_backward_sm90_kernel<T, Tr, kDropout, kBias>;
+  auto kernel = attention_backward_sm90_kernel<T, Tr, kDropout, kBias, kPacked>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, "sm90 backward kernel");
   const BackwardParams& p = tp.p;
+  if constexpr (kPacked) {
+    // (key tile, kv head): the scheduler's bound over cu_seqlens_k (sm90_backward_unsupported
+    // keeps it below 2^31); CTAs past the last tile exit at once. A packed call has no bias, so
+    // never the one-CTA launches below.
+    const std::int64_t tiles = varlen_tile_bound(p.total_k, p.B, p.Lk, Tr::kBlockN);
+    if (tiles == 0) return;
+    kernel<<<dim3(static_cast<unsigned>(tiles), p.Hkv), Tr::kThreads, kSmem, stream>>>(tp);
+    check_cuda(cudaGetLastError(), "attention_backward_sm90_kernel launch");
+    return;
+  }
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
   const int heads = p.B * p.Hkv;
   if (!dbias_cross_cta) {
@@ -58,7 +68,8 @@ template <class T, int kHeadDim>
 void run_backward(BackwardTmaParams tp, const BwdWorkspace& ws, cudaStream_t stream) {
   using Tr = typename BwdConfig<kHeadDim>::Traits;
   BackwardParams& p = tp.p;
-  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hq;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const std::int64_t heads = packed ? p.Hq : static_cast<std::int64_t>(p.B) * p.Hq;
 
   // 1. Zeroed accumulators: dq (every key block adds into it), the deterministic turn counters
   //    and a reduced dbias.
@@ -83,13 +94,24 @@ void run_backward(BackwardTmaParams tp, const BwdWorkspace& ws, cudaStream_t str
 
   // 2. delta and lse·log2(e), padded to whole query blocks.
   const unsigned head_blocks = static_cast<unsigned>(std::min<std::int64_t>(heads, 65535));
+  // Packed: the query tiles of the scheduler (the whole padded workspace blocks of each tile).
+  const unsigned q_tiles = static_cast<unsigned>(tp.packed_q_tiles);
+  auto preprocess_packed = [&](auto kernel) {
+    kernel<<<dim3(q_tiles, head_blocks), 256, 0, stream>>>(p, tp.lse_log2, ws.m_blocks);
+    check_cuda(cudaGetLastError(), "bwd_sm90_preprocess_packed_kernel launch");
+  };
   auto preprocess = [&](auto kernel, int lanes) {
     const std::int64_t row_blocks = (ws.lq_pad * lanes + 255) / 256;
     kernel<<<dim3(static_cast<unsigned>(row_blocks), head_blocks), 256, 0, stream>>>(p, tp.lse_log2,
                                                                                      ws.lq_pad);
     check_cuda(cudaGetLastError(), "bwd_sm90_preprocess_kernel launch");
   };
-  if (p.Dv <= 64) {
+  if (packed) {
+    if (q_tiles > 0) {
+      p.Dv <= 64 ? preprocess_packed(bwd_sm90_preprocess_packed_kernel<T, 8, Tr::kBlockM>)
+                 : preprocess_packed(bwd_sm90_preprocess_packed_kernel<T, 16, Tr::kBlockM>);
+    }
+  } else if (p.Dv <= 64) {
     preprocess(bwd_sm90_preprocess_kernel<T, 8>, 8);
   } else {
     preprocess(bwd_sm90_preprocess_kernel<T, 16>, 16);
@@ -99,7 +121,10 @@ void run_backward(BackwardTmaParams tp, const BwdWorkspace& ws, cudaStream_t str
   const bool dbias_cross_cta =
       p.deterministic && ws.dbias_mode == 2 && dbias_reduced_across_ctas(p);
   const bool bias = p.bias != nullptr;
-  if (p.has_dropout) {
+  if (packed) {  // no bias (the validators refuse one)
+    p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
+                  : launch_backward_kernel<T, Tr, false, false, true>(tp, false, stream);
+  } else if (p.has_dropout) {
     bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)
          : launch_backward_kernel<T, Tr, true, false>(tp, dbias_cross_cta, stream);
   } else {
@@ -108,9 +133,18 @@ void run_backward(BackwardTmaParams tp, const BwdWorkspace& ws, cudaStream_t str
   }
 
   // 4. dq (and a reduced dbias) in the output dtype.
-  bwd_sm90_convert_dq_kernel<T, Tr::kBlockM, Tr::kDqSplitRows>
-      <<<dim3(2 * ws.m_blocks, head_blocks), 256, 0, stream>>>(
-          p, p.dq_accum, ws.m_blocks, p.has_dropout ? p.scale * p.keep_scale : p.scale);
+  const float dq_scale = p.has_dropout ? p.scale * p.keep_scale : p.scale;
+  if (packed) {
+    if (q_tiles > 0) {
+      bwd_sm90_convert_dq_kernel<T, Tr::kBlockM, Tr::kDqSplitRows, true>
+          <<<dim3(2 * q_tiles, head_blocks), 256, 0, stream>>>(p, p.dq_accum, ws.m_blocks,
+                                                               dq_scale);
+    }
+  } else {
+    bwd_sm90_convert_dq_kernel<T, Tr::kBlockM, Tr::kDqSplitRows>
+        <<<dim3(2 * ws.m_blocks, head_blocks), 256, 0, stream>>>(p, p.dq_accum, ws.m_blocks,
+                                                                 dq_scale);
+  }
   check_cuda(cudaGetLastError(), "bwd_sm90_convert_dq_kernel launch");
   if (ws.dbias_mode == 2) {
     bwd_convert_dbias_kernel<T>

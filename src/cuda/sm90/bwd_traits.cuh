@@ -24,15 +24,20 @@ struct BackwardTmaParams {
   // [B·Hq][m_blocks][2][64·64] fp32 partial sums of dQ in the order the consumer warpgroups
   // hold them (see bwd_sm90_convert_dq_kernel), reduced into by every key block; p.dq_accum points
   // here. dbias accumulator [dB, dH, dL, Lk] when dbias is reduced over broadcast dimensions.
+  // Packed calls: [Hq][m_blocks] blocks (B = 1 in the layouts above and below), sequence s's
+  // query blocks starting at block packed_block0(s) (see backward_workspace_layout).
   float* dbias_accum = nullptr;
   int dbias_mode = 0;  // 0 none, 1 written directly, 2 fp32 atomics into dbias_accum
   // Deterministic mode: [B·Hq][m_blocks][2] turn counters; key block n adds its dQ partial to
   // a chunk when the chunk's counter reads n.
   int* dq_turn = nullptr;
   std::int64_t lq_pad = 0;  // m_blocks · kBlockM
-  int m_blocks = 0;
+  int m_blocks = 0;         // query blocks per (batch,) head in the workspace
   // Added to blockIdx.x / blockIdx.y (launches of one CTA each, for a deterministic dbias).
   int key_block_base = 0, head_base = 0;
+  // Packed calls: the query tiles per head of the preprocess and dq conversion grids (the tile
+  // scheduler's bound over cu_seqlens_q); the main kernel's grid is (key tiles, Hkv).
+  int packed_q_tiles = 0;
 };
 
 // One instantiation: kHeadDim is the head-dim bucket (D and Dv zero-padded up to it), kBlockM the
@@ -119,6 +124,15 @@ constexpr int backward_block_m(int bucket) {
 }
 inline constexpr int kBackwardBlockN = 128;
 
+// The first workspace block of packed sequence s whose first query row is q0 (clamped, as
+// seq_span gives it): (q0 + s·block_m) / block_m. Each sequence gets its own whole blocks (the
+// fragment-order dQ chunks and bulk reductions stay block-aligned) and they never overlap: block
+// b(s) + ceil(Lq_s / block_m) - 1 < b(s + 1) since q0(s + 1) >= q0(s) + Lq_s; the last one used is
+// below total_q / block_m + S (q0 + Lq_s <= total_q after clamping, even for unchecked offsets).
+constexpr std::int64_t packed_block0(std::int64_t q0, int s, int block_m) {
+  return (q0 + static_cast<std::int64_t>(s) * block_m) / block_m;
+}
+
 // Byte offsets of the workspace pieces (each 256-byte aligned).
 struct BwdWorkspace {
   std::size_t lse_log2 = 0, delta = 0, dq_accum = 0, dbias_accum = 0, dq_turn = 0, total = 0;
@@ -127,13 +141,16 @@ struct BwdWorkspace {
   int dbias_mode = 0;  // 0 no dbias, 1 written directly, 2 fp32 accumulator + convert
 };
 
-inline BwdWorkspace backward_workspace_layout(const BackwardParams& p, int bucket) {
+// `packed`: the padded per-sequence layout of packed calls (per head, total_q / block_m + S
+// blocks: packed_block0); else per (batch, head) ceil(Lq / block_m) blocks.
+inline BwdWorkspace backward_workspace_layout(const BackwardParams& p, int bucket, bool packed) {
   auto align = [](std::size_t n) { return (n + 255) / 256 * 256; };
   BwdWorkspace ws;
   const int block_m = backward_block_m(bucket);
   if (block_m == 0) return ws;
-  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hq;
-  ws.m_blocks = static_cast<int>((p.Lq + block_m - 1) / block_m);
+  const std::int64_t heads = packed ? p.Hq : static_cast<std::int64_t>(p.B) * p.Hq;
+  ws.m_blocks =
+      static_cast<int>(packed ? p.total_q / block_m + p.B : (p.Lq + block_m - 1) / block_m);
   ws.lq_pad = static_cast<std::int64_t>(ws.m_blocks) * block_m;
   ws.dq_accum_floats = heads * ws.lq_pad * bucket;
   ws.dq_turns = heads * ws.m_blocks * 2;

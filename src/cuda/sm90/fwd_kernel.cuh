@@ -25,6 +25,16 @@
 // first, so the tiles that need masking (the causal diagonal, the end of the sequence) come first.
 // Work items of one batch·head are adjacent in the order, so the CTAs resident at a time share a
 // few heads' K and V in L2; within a head the heaviest query blocks (under a causal mask) first.
+//
+// Packed sequences (kPacked, params.h: cu_seqlens_q/k): one CTA per work item, never persistent
+// (an item's cost follows its sequence's key count, so the hardware's hand-out balances them as
+// it does causal items); CTA x takes head x / packed_tiles and tile x % packed_tiles of the
+// varlen tile scheduler over the query blocks (src/cuda/common/varlen.cuh), so a sequence gets
+// one CTA per query block and no CTA waits on another sequence's length. Rows, masks and the
+// dropout map are those of the sequence (b = s, positions inside it); the TMA maps describe the
+// packed tensors as [1, H, total, D] and boxes start at the sequence's first row plus the block's:
+// key rows past the sequence's end are the next sequence's, masked by index, and query rows past
+// it are computed but never stored (the epilogue's stores are predicated per row).
 #pragma once
 
 #include <cuda.h>
@@ -38,6 +48,7 @@
 #include "cuda/common/mask.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/types.cuh"
+#include "cuda/common/varlen.cuh"
 #include "cuda/params.h"
 #include "cuda/sm90/fwd_traits.cuh"
 #include "cuda/sm90/ptx.cuh"
@@ -63,9 +74,53 @@ __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int m_bloc
   return w;
 }
 
-template <class T, class Tr, bool kDropout, bool kBias>
+// A packed call's work item with its sequence. Plain members only: it crosses the CTA through a
+// __shared__ variable.
+struct PackedItem {
+  int valid;           // 0: the CTA's tile is past the last one of its head (it exits)
+  int h, bh, n_tiles;  // bh = sequence·Hq + h: the dropout map's (b, h) with b = s
+  std::int64_t m0;     // first query row of the block, inside the sequence
+  std::int64_t q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan)
+};
+
+// The CTA's item: CTA x takes head x / tiles and tile x % tiles of the scheduler over
+// cu_seqlens_q; the query blocks of a sequence are visited from the last to the first, as a dense
+// head's are. Warp 0 runs the scheduler's scan, thread 0 shares the result, every thread of the
+// CTA returns it. A CTA-wide barrier: call it from all threads, before the roles split.
+template <class Tr>
+__device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p, int tiles) {
+  __shared__ PackedItem slot;
+  if (threadIdx.x < 32) {
+    PackedItem it{};
+    const int index = static_cast<int>(blockIdx.x), h = index / tiles;
+    const VarlenTile tile =
+        varlen_tile(p.cu_seqlens_q, p.B, p.total_q, p.Lq, Tr::kBlockM, index - h * tiles);
+    if (tile.seq < p.B) {
+      const SeqSpan span = seq_span(p, tile.seq);
+      const std::int64_t m_blocks = (span.Lq + Tr::kBlockM - 1) / Tr::kBlockM;
+      it.valid = 1;
+      it.h = h;
+      it.bh = tile.seq * p.Hq + h;
+      it.m0 = (m_blocks - 1 - tile.block) * Tr::kBlockM;
+      std::int64_t n_end = span.Lk;
+      if (p.causal) n_end = min(n_end, it.m0 + Tr::kBlockM + span.causal_shift);
+      it.n_tiles = n_end > 0 ? static_cast<int>((n_end + Tr::kBlockN - 1) / Tr::kBlockN) : 0;
+      it.q0 = span.q0;
+      it.k0 = span.k0;
+      it.Lq = span.Lq;
+      it.Lk = span.Lk;
+      it.causal_shift = span.causal_shift;
+    }
+    if (threadIdx.x == 0) slot = it;
+  }
+  __syncthreads();
+  return slot;
+}
+
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_sm90_kernel(const __grid_constant__ ForwardTmaParams tp) {
+  static_assert(!(kPacked && kBias), "packed calls take no bias");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
@@ -90,9 +145,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Broadcast from lane 0 so the compiler knows the role is warp-uniform (wgmma in a path it
   // cannot prove uniform gets serialized).
   const int warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
-  const int m_blocks = static_cast<int>((p.Lq + Tr::kBlockM - 1) / Tr::kBlockM);
-  const int items = m_blocks * p.B * p.Hq;  // the launcher bounds it by 2^31 - 1
-  const int first_item = static_cast<int>(blockIdx.x), stride = static_cast<int>(gridDim.x);
+  // Work items: dense calls walk m_blocks·B·Hq of them (the launcher bounds the count by
+  // 2^31 - 1) from blockIdx.x in steps of gridDim.x. A packed CTA has its one item, index 0 (an
+  // extra CTA-wide barrier); one past its head's last tile leaves at once, every thread, before
+  // any barrier is set up. The dense code below reads the problem's values wherever a packed call
+  // reads the sequence's (kPacked ? packed.x : p.x).
+  [[maybe_unused]] PackedItem packed{};
+  if constexpr (kPacked) {
+    packed = packed_item_of_cta<Tr>(p, tp.packed_tiles);
+    if (!packed.valid) return;
+  }
+  const int m_blocks = kPacked ? 0 : static_cast<int>((p.Lq + Tr::kBlockM - 1) / Tr::kBlockM);
+  const int items = kPacked ? 1 : m_blocks * p.B * p.Hq;
+  const int first_item = kPacked ? 0 : static_cast<int>(blockIdx.x);
+  const int stride = kPacked ? 1 : static_cast<int>(gridDim.x);
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -108,6 +174,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
 
+  auto item_at = [&](int index) {
+    if constexpr (kPacked) {
+      return WorkItem{packed.bh, packed.m0, packed.n_tiles};
+    } else {
+      return work_item<Tr>(p, m_blocks, index);
+    }
+  };
+
   if (warpgroup == 0) {
     // ---------------- producer ----------------
     setmaxnreg_dec<Tr::kProducerRegs>();
@@ -118,17 +192,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int kv = 0;  // K/V tiles loaded so far: the ring position
       int local = 0;
       for (int index = first_item; index < items; index += stride, ++local) {
-        const WorkItem w = work_item<Tr>(p, m_blocks, index);
-        const int b = w.bh / p.Hq, h = w.bh % p.Hq, kvh = h / p.group;
+        const WorkItem w = item_at(index);
+        // Map coordinates: dense (b, h, row); packed (0, h, packed row), the sequence's first
+        // query and key rows added (int32: total rows are at most 2^31 - 1).
+        const int b = kPacked ? 0 : w.bh / p.Hq, h = kPacked ? packed.h : w.bh % p.Hq;
+        const int kvh = h / p.group;
+        const int k_row0 = kPacked ? static_cast<int>(packed.k0) : 0;
         mbar_wait(q_empty, (local & 1) ^ 1);  // the consumers are done with the previous Q
         mbar_arrive_expect_tx(q_full, Tr::kQBytes);
+        const int q_row = static_cast<int>(w.m0 + (kPacked ? packed.q0 : 0));
 #pragma unroll
         for (int db = 0; db < Tr::kDBlocks; ++db) {
-          tma_load_4d(sQ + db * Tr::kQBlockBytes, &tp.q, q_full, 64 * db, static_cast<int>(w.m0), h,
-                      b);
+          tma_load_4d(sQ + db * Tr::kQBlockBytes, &tp.q, q_full, 64 * db, q_row, h, b);
         }
         for (int it = 0; it < w.n_tiles; ++it, ++kv) {
-          const int row = (w.n_tiles - 1 - it) * kBlockN, s = kv % kStages;
+          const int row = k_row0 + (w.n_tiles - 1 - it) * kBlockN, s = kv % kStages;
           const std::uint32_t phase = (kv / kStages) & 1;
           mbar_wait(k_empty(s), phase ^ 1);
           mbar_arrive_expect_tx(k_full(s), Tr::kKVBytes);
@@ -161,7 +239,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const bool premul = kBias || !(p.scale > 0.0f);
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
-  const std::int64_t causal_shift = p.causal_shift;
+  // The sequence's diagonal, keys and queries (dense: the problem's, the lengths read where used
+  // as before: local copies would hold more registers through the main loop).
+  const std::int64_t causal_shift = kPacked ? packed.causal_shift : p.causal_shift;
+  auto seq_Lk = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return packed.Lk;
+    } else {
+      return p.Lk;
+    }
+  };
+  auto seq_Lq = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return packed.Lq;
+    } else {
+      return p.Lq;
+    }
+  };
 
   detail::DropoutKey key{0, 0};
   if constexpr (kDropout) {
@@ -217,8 +311,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int r = 0; r < 4; ++r) s[j][r] *= p.scale;
     }
     const bool need_mask =
-        n0 + kBlockN > p.Lk || (p.causal && n0 + kBlockN - 1 > m0 + causal_shift);
-    if (need_mask) mask_scores(s, row0, n0, t, p.Lk, p.causal != 0, causal_shift);
+        n0 + kBlockN > seq_Lk() || (p.causal && n0 + kBlockN - 1 > m0 + causal_shift);
+    if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), p.causal != 0, causal_shift);
     float sum[2];
     online_softmax_step(s, row_m, f, alpha, sum);
     row_l[0] = row_l[0] * alpha[0] + sum[0];
@@ -266,7 +360,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr bool kPingPong = Tr::kConsumers > 1;
   auto later_item_has_keys = [&](int index) {
     for (int next = index + stride; next < items; next += stride) {
-      if (work_item<Tr>(p, m_blocks, next).n_tiles > 0) return true;
+      if (item_at(next).n_tiles > 0) return true;
     }
     return false;
   };
@@ -279,7 +373,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   int kv = 0;  // K/V tiles consumed so far: the ring position
   int local = 0;
   for (int index = first_item; index < items; index += stride, ++local) {
-    const WorkItem w = work_item<Tr>(p, m_blocks, index);
+    const WorkItem w = item_at(index);
     const int n_tiles = w.n_tiles;
     const int b = w.bh / p.Hq, h = w.bh % p.Hq;
     bh = w.bh;
@@ -370,7 +464,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // ---------------- epilogue ----------------
     // O / l (times keep_scale), lse = m + ln l in natural units; rows that saw no key give 0, -inf.
     const float keep_scale = kDropout ? p.keep_scale : 1.0f;
-    float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
+    // Packed: b strides are 0 and the sequence's rows start at its first packed row.
+    const std::int64_t q0 = kPacked ? packed.q0 : 0;
+    float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + q0;
     float inv[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -378,15 +474,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const bool empty = !(l > 0.0f);
       inv[hh] = empty ? 0.0f : keep_scale / l;
       const std::int64_t i = row0 + 8 * hh;
-      if (t == 0 && i < p.Lq) lse_row[i] = empty ? -INFINITY : row_m[hh] * m_to_natural + logf(l);
+      if (t == 0 && i < seq_Lq())
+        lse_row[i] = empty ? -INFINITY : row_m[hh] * m_to_natural + logf(l);
     }
     // Straight from the accumulators: a quad writes 16 contiguous bytes of a row per n8 tile, and
     // L2 merges the halves of each 32-byte sector before they reach memory.
-    T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h;
+    T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + q0 * p.out_stride.l;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const std::int64_t i = row0 + 8 * hh;
-      if (i >= p.Lq) continue;
+      if (i >= seq_Lq()) continue;
       T* out_row = out + i * p.out_stride.l + 2 * t;
 #pragma unroll
       for (int j = 0; j < kDT; ++j) {

@@ -18,14 +18,23 @@ namespace memeff::cuda::sm90 {
 
 using cuda::check_cuda;
 
-template <class T, class Tr, bool kDropout, bool kBias>
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false>
 void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
                            cudaStream_t stream) {
-  auto kernel = attention_forward_sm90_kernel<T, Tr, kDropout, kBias>;
+  auto kernel = attention_forward_sm90_kernel<T, Tr, kDropout, kBias, kPacked>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, "sm90 forward kernel");
   const ForwardParams& p = params.p;
+  if constexpr (kPacked) {
+    // One CTA per (head, query tile): packed_tiles bounds the tiles of a head (the launcher's
+    // varlen_tile_bound, 2^31 - 1 in all at most); CTAs past a head's last tile exit at once.
+    const long long ctas = static_cast<long long>(params.packed_tiles) * p.Hq;
+    if (ctas == 0) return;
+    kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(params);
+    check_cuda(cudaGetLastError(), "attention_forward_sm90_kernel launch");
+    return;
+  }
   // Work items: query block x batch·head (sm90_forward_unsupported bounds their count by 2^31 - 1).
   // Without a causal mask every item costs the same, so a persistent grid (one CTA per SM, each
   // walking items blockIdx.x + k·gridDim.x) stays in step: the next items' Q and K/V load under
@@ -44,6 +53,12 @@ template <class T, int kHeadDim>
 void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream) {
   using Tr = typename FwdConfig<kHeadDim>::Traits;
   const bool bias = params.p.bias != nullptr;
+  if (params.p.cu_seqlens_q != nullptr) {  // packed: no bias (the validators refuse one)
+    params.p.has_dropout
+        ? launch_forward_kernel<T, Tr, true, false, true>(params, multiprocessors, stream)
+        : launch_forward_kernel<T, Tr, false, false, true>(params, multiprocessors, stream);
+    return;
+  }
   if (params.p.has_dropout) {
     bias ? launch_forward_kernel<T, Tr, true, true>(params, multiprocessors, stream)
          : launch_forward_kernel<T, Tr, true, false>(params, multiprocessors, stream);

@@ -13,6 +13,10 @@ namespace memeff::cuda::sm90 {
 struct ForwardTmaParams {
   CUtensorMap q, k, v;
   ForwardParams p;
+  // Packed calls (p.cu_seqlens_q set): the query tiles per head the grid covers, from
+  // varlen_tile_bound (src/cuda/common/varlen.cuh); CTA x takes head x / packed_tiles and tile
+  // x % packed_tiles. The maps then describe the packed tensors as [1, H, total, D].
+  int packed_tiles = 0;
 };
 
 // Tile shape of one instantiation. kHeadDim bounds D and Dv (zero-filled beyond them by TMA).

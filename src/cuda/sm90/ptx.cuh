@@ -107,6 +107,11 @@ __device__ __forceinline__ int ld_acquire(const int* ptr) {
 __device__ __forceinline__ void st_release(int* ptr, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
+// Raises *ptr to at least v with release semantics: a counter that never goes back, for turn
+// counters that several writers may share (packed calls with unchecked, overlapping offsets).
+__device__ __forceinline__ void red_release_max(int* ptr, int v) {
+  asm volatile("red.release.gpu.global.max.s32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
 
 // ---- named barriers and register reallocation ----------------------------------------------
 // bar.sync waits for `threads` arrivals (its own warp's included); bar.arrive only arrives.

@@ -35,4 +35,13 @@ inline TmaTensor tma_tensor(const void* data, bool bf16, int B, int H, std::int6
   return {data, bf16, B, H, L, D, s.b, s.h, s.l};
 }
 
+// A packed [total, H, D] tensor (params.h: b stride 0) as [1, H, total, D]: the kernels address
+// sequence rows as packed rows (its first row plus the row inside it). A box that crosses the
+// sequence's end reads the next sequence's rows, which the kernels mask by index or never store;
+// only the tensor's own end zero-fills.
+inline TmaTensor tma_tensor_packed(const void* data, bool bf16, int H, std::int64_t total, int D,
+                                   const Strides& s) {
+  return {data, bf16, 1, H, total, D, 0, s.h, s.l};
+}
+
 }  // namespace memeff::cuda::sm90
