@@ -5,6 +5,7 @@
 // Per-operator headers (not ATen/ATen.h) keep this file quick to compile.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -97,10 +98,13 @@ Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return in;
 }
 
+// torch.use_deterministic_algorithms(True) asks memeff for its deterministic (bitwise
+// repeatable) backward, where the backend has one.
 memeff::Options options_of(std::vector<std::string> backends, void* stream) {
   memeff::Options options;
   options.backends = std::move(backends);
   options.stream = stream;
+  options.deterministic = at::globalContext().deterministicAlgorithms();
   return options;
 }
 
