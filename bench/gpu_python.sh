@@ -29,12 +29,13 @@ PYTHONUNBUFFERED=1 timeout 200 python3 python/accuracy_grid.py --device cuda --j
 step "pytest python/tests"
 # The accuracy grid's points ran above through python/accuracy_grid.py (the same measure and
 # bars, with the table); here the rest of the suite.
-PYTHONUNBUFFERED=1 timeout 200 python3 -m pytest -q --durations=5 python/tests \
+PYTHONUNBUFFERED=1 timeout 300 python3 -m pytest -q --durations=5 python/tests \
   -k "not test_errors_within_pytorch_bars" > "$out/pytest.log" 2>&1
 echo "pytest exit $?"; tail -n 12 "$out/pytest.log"
 
 if [ -z "${SKIP_BENCH:-}" ]; then
-  for script in python/bench_train.py python/bench_overhead.py python/bench_hf.py; do
+  for script in python/bench_train.py python/bench_overhead.py python/bench_hf.py \
+                python/bench_varlen.py; do
     [ -f "$script" ] || continue
     step "$script"
     PYTHONUNBUFFERED=1 timeout 120 python3 "$script" --json "$out/$(basename "$script" .py).json" \

@@ -3,7 +3,8 @@
 // autograd) draws the dropout state itself, and the saved inputs, out, lse and that state feed
 // memeff::bwd, which regenerates the forward's mask. Autocast: q, k and v in the autocast dtype,
 // as torch's own SDPA is treated. torch.compile traces both (the ops themselves through their
-// fake kernels) like one of torch's fused attention ops.
+// fake kernels) like one of torch's fused attention ops. The packed op (varlen_fwd) has the same
+// three kernels.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -149,13 +150,139 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autocast(
                        dropout_p, causal, scale, std::move(backends), std::move(generator));
 }
 
+// Packed variable-length sequences (memeff::varlen_fwd / varlen_bwd): the same scheme as
+// AttentionFunction. The maximum lengths stay SymInts here, so torch.compile traces through this
+// kernel without fixing them; the device kernels receive them as plain integers.
+using VarlenFwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    c10::SymInt, c10::SymInt, const std::optional<at::Tensor>&, double, c10::string_view,
+    std::optional<double>, std::vector<std::string>, bool, std::optional<at::Generator>);
+using VarlenBwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, c10::SymInt, c10::SymInt, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>,
+    std::vector<std::string>);
+
+const c10::TypedOperatorHandle<VarlenFwdSchema>& varlen_fwd_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("memeff::varlen_fwd", "")
+                             .typed<VarlenFwdSchema>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<VarlenBwdSchema>& varlen_bwd_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("memeff::varlen_bwd", "")
+                             .typed<VarlenBwdSchema>();
+  return op;
+}
+
+// Forward inputs, in order: q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+// rng_state, dropout_p, causal, scale, backends, check_offsets, generator; outputs: out, lse,
+// the drawn rng_state (lse and the state are not differentiable).
+class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttentionFunction> {
+ public:
+  static constexpr std::size_t kInputs = 14;
+
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                               const at::Tensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
+                               c10::SymInt max_seqlen_k, const std::optional<at::Tensor>& rng_state,
+                               double dropout_p, c10::string_view causal,
+                               std::optional<double> scale, std::vector<std::string> backends,
+                               bool check_offsets, std::optional<at::Generator> generator) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, lse, drawn] = varlen_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                  max_seqlen_k, rng_state, dropout_p, causal, scale,
+                                                  backends, check_offsets, std::move(generator));
+    const bool given = rng_state.has_value() && rng_state->defined();
+    ctx->save_for_backward({q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse,
+                            dropout_p > 0.0 ? (given ? *rng_state : drawn) : at::Tensor()});
+    ctx->mark_non_differentiable({lse, drawn});
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["max_seqlen_q"] = std::move(max_seqlen_q);
+    ctx->saved_data["max_seqlen_k"] = std::move(max_seqlen_k);
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["causal"] = std::string(causal);
+    if (scale) ctx->saved_data["scale"] = *scale;
+    if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
+    return {std::move(out), std::move(lse), std::move(drawn)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    variable_list grads(kInputs);  // undefined: no gradient (also for the non-tensor inputs)
+    const at::Tensor& dout = grad_outputs[0];
+    if (!dout.defined()) return grads;  // out did not reach the loss
+    const variable_list saved = ctx->get_saved_variables();
+    const auto& data = ctx->saved_data;
+    const auto scale = data.find("scale");
+    const auto backends = data.find("backends");
+    const std::string causal = data.at("causal").toStringRef();
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
+    auto [dq, dk, dv] = varlen_bwd_op().call(
+        dout, saved[0], saved[1], saved[2], saved[3], saved[4], data.at("max_seqlen_q").toSymInt(),
+        data.at("max_seqlen_k").toSymInt(), saved[5], saved[6], defined_or_none(saved[7]),
+        data.at("dropout_p").toDouble(), causal,
+        scale == data.end() ? std::nullopt : std::optional<double>(scale->second.toDouble()),
+        backends == data.end() ? std::vector<std::string>()
+                               : backends->second.to<std::vector<std::string>>());
+    grads[0] = std::move(dq);
+    grads[1] = std::move(dk);
+    grads[2] = std::move(dv);
+    return grads;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_autograd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
+    std::optional<at::Generator> generator) {
+  if (!at::GradMode::is_enabled() ||
+      !(q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return varlen_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
+                                std::move(max_seqlen_k), rng_state, dropout_p, causal, scale,
+                                std::move(backends), check_offsets, std::move(generator));
+  }
+  variable_list outputs =
+      VarlenAttentionFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
+                                     std::move(max_seqlen_k), rng_state, dropout_p, causal, scale,
+                                     std::move(backends), check_offsets, std::move(generator));
+  return {std::move(outputs[0]), std::move(outputs[1]), std::move(outputs[2])};
+}
+
+// Autocast for the packed op: q, k and v in the region's dtype (the offsets are int32).
+template <c10::DeviceType kDevice>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_autocast(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
+    std::optional<at::Generator> generator) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(kDevice);
+  return varlen_fwd_op().call(
+      at::autocast::cached_cast(dtype, q, kDevice), at::autocast::cached_cast(dtype, k, kDevice),
+      at::autocast::cached_cast(dtype, v, kDevice), cu_seqlens_q, cu_seqlens_k,
+      std::move(max_seqlen_q), std::move(max_seqlen_k), rng_state, dropout_p, causal, scale,
+      std::move(backends), check_offsets, std::move(generator));
+}
+
 }  // namespace
 }  // namespace memeff_torch
 
-TORCH_LIBRARY_IMPL(memeff, Autograd, m) { m.impl("fwd", &memeff_torch::fwd_autograd); }
+TORCH_LIBRARY_IMPL(memeff, Autograd, m) {
+  m.impl("fwd", &memeff_torch::fwd_autograd);
+  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_autograd);
+}
 TORCH_LIBRARY_IMPL(memeff, AutocastCPU, m) {
   m.impl("fwd", &memeff_torch::fwd_autocast<c10::DeviceType::CPU>);
+  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_autocast<c10::DeviceType::CPU>);
 }
 TORCH_LIBRARY_IMPL(memeff, AutocastCUDA, m) {
   m.impl("fwd", &memeff_torch::fwd_autocast<c10::DeviceType::CUDA>);
+  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_autocast<c10::DeviceType::CUDA>);
 }

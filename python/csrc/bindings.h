@@ -27,7 +27,8 @@ at::Tensor last_dim_contiguous(const at::Tensor& t);
 // are laid out in memory in the order of `like`'s: a [B, L, H, D]-strided `like` gives a
 // [B, L, H, last]-strided result, so the attention output of a model that views [B, L, H·D]
 // projections as [B, H, L, D] reshapes back without a copy (and so do dq, dk and dv).
-// Dimensions of size 1 or stride 0 count as outermost; ties keep the logical order.
+// Dimensions of size 1 or stride 0 count as outermost; ties keep the logical order. A packed
+// [total, H, D] `like` gives [total, H, last] by the same rule over its first two dimensions.
 // python/memeff/torch/__init__.py (_empty_in_layout_of) mirrors this rule for the fake kernels.
 at::Tensor empty_in_layout_of(const at::Tensor& like, std::int64_t last);
 
@@ -65,5 +66,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, bool bias_grad, std::vector<std::string> backends, void* stream);
+
+// The packed (variable-length) forward on `stream`: q [total_q, Hq, D], k [total_k, Hkv, D],
+// v [total_k, Hkv, Dv], int32 offsets [S + 1] on the device of q; returns (out [total_q, Hq, Dv]
+// in q's layout, lse [Hq, total_q] fp32, drawn). The state is read as by forward_on.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_forward_on(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+    const std::optional<at::Tensor>& rng_state, at::Tensor drawn, double dropout_p,
+    c10::string_view causal, std::optional<double> scale, std::vector<std::string> backends,
+    bool check_offsets, void* stream);
+
+// Its backward on `stream`: (dq, dk, dv) in the layouts of q, k, v; the offsets are not read on
+// the host (the forward checked them when asked to).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
+    std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends, void* stream);
 
 }  // namespace memeff_torch

@@ -5,6 +5,7 @@
 // Per-operator headers (not ATen/ATen.h) keep this file quick to compile.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -16,6 +17,7 @@
 #include <limits>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "bindings.h"
 #include "memeff/dispatch.h"
@@ -97,10 +99,13 @@ Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return in;
 }
 
+// torch.use_deterministic_algorithms(True) asks memeff for its deterministic (bitwise
+// repeatable) backward, where the backend has one.
 memeff::Options options_of(std::vector<std::string> backends, void* stream) {
   memeff::Options options;
   options.backends = std::move(backends);
   options.stream = stream;
+  options.deterministic = at::globalContext().deterministicAlgorithms();
   return options;
 }
 
@@ -109,6 +114,78 @@ memeff::Options options_of(std::vector<std::string> backends, void* stream) {
 bool is_empty_problem(const at::Tensor& q, const at::Tensor& k) {
   return q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0 || k.size(2) == 0;
 }
+
+// A packed call's sequence offsets: int32, one dimension [S + 1], on the device of q (checked
+// here so the message names the torch argument; the core checks the same of the view). A
+// strided tensor is copied contiguous.
+at::Tensor offsets_of(const at::Tensor& cu, const char* name, const at::Tensor& q) {
+  TORCH_CHECK_VALUE(cu.scalar_type() == at::kInt, "argument `", name,
+                    "`: expected an int32 tensor of S + 1 sequence offsets, got ",
+                    cu.scalar_type());
+  TORCH_CHECK_VALUE(cu.dim() == 1, "argument `", name,
+                    "`: expected one dimension [S + 1] (0, the running totals, total last), got ",
+                    cu.dim(), " dimensions ", cu.sizes());
+  TORCH_CHECK_VALUE(cu.device() == q.device(), "argument `", name, "`: expected it on ", q.device(),
+                    " (the device of q), got ", cu.device());
+  return cu.contiguous();
+}
+
+memeff::TensorView offsets_view(const at::Tensor& cu) {
+  memeff::TensorView view;
+  view.data = cu.data_ptr();
+  view.dtype = memeff::DType::i32;
+  view.device = cu.is_cuda() ? memeff::Device::cuda(cu.get_device()) : memeff::Device::cpu();
+  view.rank = 1;
+  view.shape[0] = cu.size(0);
+  view.stride[0] = 1;
+  return view;
+}
+
+// The tensors of a packed call (q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv],
+// the offsets) kept alive for its duration, and the memeff arguments viewing them.
+struct PackedInputs {
+  at::Tensor q, k, v, cu_seqlens_q, cu_seqlens_k;
+  memeff::AttentionArgs args;
+};
+
+PackedInputs packed_inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                              std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+                              const at::Tensor& rng_state, double dropout_p,
+                              c10::string_view causal, std::optional<double> scale,
+                              bool check_offsets) {
+  TORCH_CHECK_VALUE(q.dim() == 3, "argument `q`: expected a packed [total_q, Hq, D] tensor, got ",
+                    q.dim(), " dimensions");
+  TORCH_CHECK_VALUE(k.dim() == 3, "argument `k`: expected a packed [total_k, Hkv, D] tensor, got ",
+                    k.dim(), " dimensions");
+  TORCH_CHECK_VALUE(v.dim() == 3, "argument `v`: expected a packed [total_k, Hkv, Dv] tensor, got ",
+                    v.dim(), " dimensions");
+  PackedInputs in;
+  in.cu_seqlens_q = offsets_of(cu_seqlens_q, "cu_seqlens_q", q);
+  in.cu_seqlens_k = offsets_of(cu_seqlens_k, "cu_seqlens_k", q);
+  in.q = last_dim_contiguous(q);
+  in.k = last_dim_contiguous(k);
+  in.v = last_dim_contiguous(v);
+  in.args.q = view_of(in.q, "q");
+  in.args.k = view_of(in.k, "k");
+  in.args.v = view_of(in.v, "v");
+  memeff::PackedSequences packed;
+  packed.cu_seqlens_q = offsets_view(in.cu_seqlens_q);
+  packed.cu_seqlens_k = offsets_view(in.cu_seqlens_k);
+  packed.max_seqlen_q = max_seqlen_q;
+  packed.max_seqlen_k = max_seqlen_k;
+  packed.check_offsets = check_offsets;
+  in.args.packed = packed;
+  in.args.scale = scale;
+  in.args.causal = parse_causal(causal);
+  in.args.dropout_p = dropout_p;
+  in.args.rng = rng_of(rng_state, dropout_p, q);
+  return in;
+}
+
+// A packed call with no query row or no head: nothing for memeff to run (the tensors may have
+// null data pointers).
+bool is_empty_packed_problem(const at::Tensor& q) { return q.size(0) == 0 || q.size(1) == 0; }
 
 }  // namespace
 
@@ -139,25 +216,34 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
 }
 
 at::Tensor empty_in_layout_of(const at::Tensor& like, std::int64_t last) {
-  // Larger is further out in memory; size-1 and broadcast dimensions go outermost.
+  // The dimensions before the last are ordered by like's strides: three for [B, H, L, D], two
+  // for packed [total, H, D]. Larger is further out in memory; size-1 and broadcast dimensions
+  // go outermost.
+  const int n = static_cast<int>(like.dim()) - 1;
+  TORCH_CHECK(n == 2 || n == 3, "memeff: empty_in_layout_of takes 3 or 4 dimensions, got ",
+              like.dim());
   auto outerness = [&](int d) {
     return like.size(d) == 1 || like.stride(d) == 0 ? std::numeric_limits<std::int64_t>::max()
                                                     : like.stride(d);
   };
-  std::array<int, 3> order = {0, 1, 2};  // like's dimensions, outermost first
-  for (int i = 1; i < 3; ++i) {  // insertion sort, stable: ties keep the logical order
+  std::array<int, 3> order = {0, 1, 2};  // like's dimensions, outermost first (n of them)
+  for (int i = 1; i < n; ++i) {          // insertion sort, stable: ties keep the logical order
     for (int j = i; j > 0 && outerness(order[j]) > outerness(order[j - 1]); --j) {
       std::swap(order[j], order[j - 1]);
     }
   }
   const at::TensorOptions options = like.options();
-  if (order == std::array<int, 3>{0, 1, 2}) {
-    return at::empty({like.size(0), like.size(1), like.size(2), last}, options);
+  std::vector<std::int64_t> storage_sizes;
+  bool identity = true;
+  for (int i = 0; i < n; ++i) {
+    storage_sizes.push_back(like.size(order[i]));
+    identity = identity && order[i] == i;
   }
-  at::Tensor storage =
-      at::empty({like.size(order[0]), like.size(order[1]), like.size(order[2]), last}, options);
-  std::array<std::int64_t, 4> logical = {0, 0, 0, 3};  // storage dimension of each logical one
-  for (int i = 0; i < 3; ++i) logical[order[i]] = i;
+  storage_sizes.push_back(last);
+  at::Tensor storage = at::empty(storage_sizes, options);
+  if (identity) return storage;
+  std::vector<std::int64_t> logical(n + 1, n);  // storage dimension of each logical one
+  for (int i = 0; i < n; ++i) logical[order[i]] = i;
   return storage.permute(logical);
 }
 
@@ -271,6 +357,68 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
   return {dq, dk, dv, dbias};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_forward_on(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+    const std::optional<at::Tensor>& rng_state, at::Tensor drawn, double dropout_p,
+    c10::string_view causal, std::optional<double> scale, std::vector<std::string> backends,
+    bool check_offsets, void* stream) {
+  const bool given = rng_state && rng_state->defined();
+  const PackedInputs in =
+      packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       given ? *rng_state : drawn, dropout_p, causal, scale, check_offsets);
+  at::Tensor out = empty_in_layout_of(q, v.size(2));
+  at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+  if (is_empty_packed_problem(q)) {
+    translate_errors([&] { memeff::validate_inputs(in.args); });
+    out.zero_();
+    return {std::move(out), std::move(lse), std::move(drawn)};
+  }
+  memeff::PreparedCall call = translate_errors([&] {
+    return memeff::PreparedCall::forward(in.args, view_of(out, "out"), view_of(lse, "lse"),
+                                         options_of(std::move(backends), stream));
+  });
+  remember_backend(g_last_forward_backend, run_prepared(std::move(call), q).backend);
+  return {std::move(out), std::move(lse), std::move(drawn)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
+    std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends, void* stream) {
+  const at::Tensor no_rng;
+  // The forward checked the offsets when asked to; the backward never synchronizes for them.
+  const PackedInputs in =
+      packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       rng_state ? *rng_state : no_rng, dropout_p, causal, scale, false);
+  at::Tensor dq = empty_in_layout_of(q, q.size(2));
+  at::Tensor dk = empty_in_layout_of(k, k.size(2));
+  at::Tensor dv = empty_in_layout_of(v, v.size(2));
+  if (is_empty_packed_problem(q)) {
+    translate_errors([&] { memeff::validate_inputs(in.args); });
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  const at::Tensor dout_c = last_dim_contiguous(dout);
+  const at::Tensor out_c = last_dim_contiguous(out);
+  memeff::BackwardTensors grads;
+  grads.dout = view_of(dout_c, "dout");
+  grads.out = view_of(out_c, "out");
+  grads.lse = view_of(lse, "lse");
+  grads.dq = view_of(dq, "dq");
+  grads.dk = view_of(dk, "dk");
+  grads.dv = view_of(dv, "dv");
+  memeff::PreparedCall call = translate_errors([&] {
+    return memeff::PreparedCall::backward(in.args, grads, options_of(std::move(backends), stream));
+  });
+  remember_backend(g_last_backward_backend, run_prepared(std::move(call), q).backend);
+  return {dq, dk, dv};
+}
+
 namespace {
 
 // Seed and offset for a CPU call, drawn from torch's CPU generator (the default one unless the
@@ -304,6 +452,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     std::optional<double> scale, bool bias_grad, std::vector<std::string> backends) {
   return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale,
                      bias_grad, std::move(backends), nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
+    std::optional<at::Generator> generator) {
+  return varlen_forward_on(
+      q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state,
+      needs_draw(rng_state, dropout_p) ? draw_cpu_state(generator) : no_state(), dropout_p, causal,
+      scale, std::move(backends), check_offsets, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
+    std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends) {
+  return varlen_backward_on(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            out, lse, rng_state, dropout_p, causal, scale, std::move(backends),
+                            nullptr);
 }
 
 // The 0/1 keep decisions of a call with this RNG state, as a bool [B, H, Lq, Lk] CPU tensor.
@@ -369,6 +540,24 @@ TORCH_LIBRARY(memeff, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor out, Tensor lse, "
       "Tensor? rng_state, float dropout_p, str causal, float? scale, bool bias_grad, "
       "str[] backends) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
+  // Packed variable-length sequences (memeff::PackedSequences): q [total_q, Hq, D],
+  // k [total_k, Hkv, D], v [total_k, Hkv, Dv], int32 offsets [S + 1] on the device of q.
+  // out [total_q, Hq, Dv] in q's memory layout, lse [Hq, total_q] fp32, and the drawn state as
+  // for fwd. The maximum lengths are SymInts: they shape no output, so torch.compile keeps them
+  // symbolic. check_offsets: read the offsets' values and check them (on CUDA a copy to the host
+  // and a synchronization, skipped while the stream captures a graph; on the CPU always).
+  m.def(
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? rng_state, float dropout_p, str causal, "
+      "float? scale, str[] backends, bool check_offsets, Generator? generator=None) -> "
+      "(Tensor out, Tensor lse, Tensor rng_state)",
+      {at::Tag::nondeterministic_seeded});
+  // Its backward: dq, dk, dv in the layouts of q, k, v. It never reads the offsets on the host.
+  m.def(
+      "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor out, Tensor lse, "
+      "Tensor? rng_state, float dropout_p, str causal, float? scale, str[] backends) -> "
+      "(Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_mask(Tensor rng_state, int[] shape, float dropout_p) -> Tensor");
   m.def("dropout_threshold(float dropout_p) -> (int, float, float)",
         &memeff_torch::dropout_threshold_op);
@@ -380,5 +569,7 @@ TORCH_LIBRARY(memeff, m) {
 TORCH_LIBRARY_IMPL(memeff, CPU, m) {
   m.impl("fwd", &memeff_torch::fwd_cpu);
   m.impl("bwd", &memeff_torch::bwd_cpu);
+  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_cpu);
+  m.impl("varlen_bwd", &memeff_torch::varlen_bwd_cpu);
   m.impl("dropout_mask", &memeff_torch::dropout_mask_cpu);
 }

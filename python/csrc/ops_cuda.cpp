@@ -14,6 +14,9 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "bindings.h"
@@ -70,10 +73,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
                      bias_grad, std::move(backends), current_stream(q));
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
+    std::optional<at::Generator> generator) {
+  if (!q.is_cuda()) {  // another argument on a GPU brought a host call here: name it
+    const std::pair<const char*, const at::Tensor*> others[] = {
+        {"k", &k}, {"v", &v}, {"cu_seqlens_q", &cu_seqlens_q}, {"cu_seqlens_k", &cu_seqlens_k}};
+    for (const auto& [name, t] : others) {
+      TORCH_CHECK_VALUE(!t->is_cuda(), "argument `", name, "`: expected it on ", q.device(),
+                        " (the device of q), got ", t->device());
+    }
+    TORCH_CHECK_VALUE(false, "argument `rng_state`: expected it on the CPU or on ", q.device(),
+                      " (the device of q), got ",
+                      rng_state && rng_state->defined() ? rng_state->device() : q.device());
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  return varlen_forward_on(
+      q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state,
+      needs_draw(rng_state, dropout_p) ? draw_cuda_state(q, generator) : no_state(), dropout_p,
+      causal, scale, std::move(backends), check_offsets, current_stream(q));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
+    std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
+    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
+    std::optional<double> scale, std::vector<std::string> backends) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  return varlen_backward_on(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            out, lse, rng_state, dropout_p, causal, scale, std::move(backends),
+                            current_stream(q));
+}
+
 }  // namespace
 }  // namespace memeff_torch
 
 TORCH_LIBRARY_IMPL(memeff, CUDA, m) {
   m.impl("fwd", &memeff_torch::fwd_cuda);
   m.impl("bwd", &memeff_torch::bwd_cuda);
+  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_cuda);
+  m.impl("varlen_bwd", &memeff_torch::varlen_bwd_cuda);
 }

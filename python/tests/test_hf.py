@@ -2,9 +2,12 @@
 # random models: a BERT-style encoder with padding, Llama-style decoders with GQA, causal and
 # padding masks (and Mistral's sliding window), outputs and gradients against transformers'
 # "sdpa" implementation; attention dropout following the module's training mode; padding masks
-# passed without a [B, H, Lq, Lk] bias; no copies around the attention in a training step.
+# passed without a [B, H, Lq, Lk] bias; no copies around the attention in a training step;
+# padding-free (packed) batches from DataCollatorWithFlattening through varlen_attention, against
+# the same sequences one by one and, with dropout, against the padded batch.
 # Skipped where transformers is not importable.
 import copy
+from itertools import accumulate
 
 import pytest
 
@@ -197,3 +200,155 @@ def test_unsupported_arguments_are_refused_by_name():
     q = torch.randn(1, 2, 3, 8)
     with pytest.raises(NotImplementedError, match="softcap"):
         mhf.attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
+
+
+# Padding-free batches ---------------------------------------------------------------------------
+
+LENGTHS = [5, 11, 1, 8]
+
+
+def packed_batch(device, flash_kwargs, lengths=LENGTHS):
+    """The sequences and their padding-free batch as DataCollatorWithFlattening makes it:
+    input_ids and position_ids [1, T] (positions restarting at 0), and with flash_kwargs the
+    cu_seq_lens_q/k and max_length_q/k keyword arguments too."""
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 97, (n,), generator=gen) for n in lengths]
+    collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
+    batch = collator([{"input_ids": s.tolist()} for s in seqs])
+    del batch["labels"]
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return [s.to(device) for s in seqs], batch
+
+
+def memeff_model(config, device):
+    # On CUDA in bf16: memeff's fused kernels take 16-bit inputs (fp32 packed calls have no
+    # CUDA backend).
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation=mhf.NAME)
+    return model.to(device, torch.float32 if device == "cpu" else torch.bfloat16)
+
+
+class AttentionCalls:
+    """Counts memeff.torch.hf's calls of the dense and the packed attention."""
+
+    def __init__(self, monkeypatch):
+        self.dense = self.packed = 0
+        sdpa, varlen = mhf.scaled_dot_product_attention, mhf.varlen_attention
+
+        def dense(*args, **kwargs):
+            self.dense += 1
+            return sdpa(*args, **kwargs)
+
+        def packed(*args, **kwargs):
+            self.packed += 1
+            return varlen(*args, **kwargs)
+
+        monkeypatch.setattr(mhf, "scaled_dot_product_attention", dense)
+        monkeypatch.setattr(mhf, "varlen_attention", packed)
+
+
+def assert_same_training_signal(results, device):
+    """(logits per sequence, parameter gradients) of two runs agree."""
+    (y_ref, g_ref), (y, g) = results
+    tol = dict(rtol=2e-4, atol=2e-4) if device == "cpu" else dict(rtol=3e-2, atol=3e-2)
+    for s, (a, b) in enumerate(zip(y, y_ref)):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, s=s: f"logits of sequence {s}: {m}")
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        a, b = g[name].double(), g_ref[name].double()
+        error = ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+        assert error < (1e-4 if device == "cpu" else 3e-2), f"gradient of {name}: {error:.3g}"
+
+
+def step(model, run):
+    """Logits per sequence and parameter gradients of the loss mean(logits²) per sequence."""
+    model.zero_grad(set_to_none=True)
+    logits = run(model)
+    sum(y.float().square().mean() for y in logits).backward()
+    return ([y.detach() for y in logits],
+            {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+
+
+@pytest.mark.parametrize("route", ["position_ids", "flash_kwargs"])
+def test_padding_free_batch_matches_the_sequences_one_by_one(device, route, monkeypatch):
+    model = memeff_model(llama_config(), device)
+    seqs, batch = packed_batch(device, flash_kwargs=route == "flash_kwargs")
+    cu = [0] + list(accumulate(LENGTHS))
+    calls = AttentionCalls(monkeypatch)
+
+    def one_by_one(m):
+        return [m(input_ids=s[None], use_cache=False).logits[0] for s in seqs]
+
+    def packed(m):
+        logits = m(**batch, use_cache=False).logits[0]
+        return [logits[a:b] for a, b in zip(cu[:-1], cu[1:])]
+
+    reference = step(model, one_by_one)
+    assert (calls.dense, calls.packed) == (2 * len(seqs), 0)
+    result = step(model, packed)
+    # One packed call per layer, and no dense call (no [T, T] mask either: the dense path is
+    # where a mask would go).
+    assert (calls.dense, calls.packed) == (2 * len(seqs), 2)
+    assert_same_training_signal([reference, result], device)
+
+
+def test_padding_free_dropout_matches_the_padded_batch(device):
+    # With dropout the packed batch draws the padded batch's mask (sequence s is batch element
+    # s), so the same seed gives the same training step as the right-padded batch.
+    model = memeff_model(llama_config(attention_dropout=0.25), device).train()
+    seqs, batch = packed_batch(device, flash_kwargs=False)
+    L = max(LENGTHS)
+    ids = torch.zeros(len(seqs), L, dtype=torch.long, device=device)
+    mask = torch.zeros(len(seqs), L, dtype=torch.long, device=device)
+    for s, x in enumerate(seqs):
+        ids[s, :len(x)], mask[s, :len(x)] = x, 1
+    cu = [0] + list(accumulate(LENGTHS))
+
+    def padded(m):
+        torch.manual_seed(7)
+        logits = m(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        return [logits[s, :n] for s, n in enumerate(LENGTHS)]
+
+    def packed(m):
+        torch.manual_seed(7)
+        logits = m(**batch, use_cache=False).logits[0]
+        return [logits[a:b] for a, b in zip(cu[:-1], cu[1:])]
+
+    reference = step(model, padded)
+    assert_same_training_signal([reference, step(model, packed)], device)
+    # ... and another seed another mask.
+    torch.manual_seed(8)
+    other = model(**batch, use_cache=False).logits[0, :cu[1]]
+    assert not torch.allclose(other.float(), reference[0][0].float())
+
+
+def test_a_windowed_packed_batch_keeps_its_mask(monkeypatch):
+    # Mistral's sliding window is more than varlen_attention computes: the mask transformers
+    # builds (window and sequences) goes to the dense path, which is as correct.
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM._from_config(mistral_config(),
+                                                         attn_implementation=mhf.NAME)
+    seqs, batch = packed_batch("cpu", flash_kwargs=False)
+    cu = [0] + list(accumulate(LENGTHS))
+    calls = AttentionCalls(monkeypatch)
+    with torch.no_grad():
+        packed = model(**batch, use_cache=False).logits[0]
+        for s, x in enumerate(seqs):
+            alone = model(input_ids=x[None], use_cache=False).logits[0]
+            torch.testing.assert_close(packed[cu[s]:cu[s + 1]], alone, rtol=2e-4, atol=2e-4)
+    assert calls.packed == 0
+
+
+def test_plain_packed_masks_are_recognized():
+    from transformers import masking_utils as mu
+    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    segments = mu.find_packed_sequence_indices(positions)
+    packed = mu.packed_sequence_mask_function(segments)
+    remap = getattr(mu, "remap_positions_for_packed_sequence", lambda f, p: f)
+    for pattern in (mu.causal_mask_function, mu.bidirectional_mask_function):
+        assert mhf._is_plain_packed(mu.and_masks(remap(pattern, positions), packed))
+    assert not mhf._is_plain_packed(mu.causal_mask_function)
+    assert not mhf._is_plain_packed(mu.and_masks(mu.sliding_window_causal_mask_function(3),
+                                                 packed))
+    assert not mhf._is_plain_packed(
+        mu.and_masks(mu.or_masks(mu.causal_mask_function, lambda b, h, q, kv: q == kv), packed))

@@ -262,6 +262,7 @@ std::string tune_key(const Problem& p, Pass pass,
      << "|causal=" << causal_mode_name(p.causal) << "|dropout=" << (p.has_dropout() ? "on" : "off")
      << "|bias=" << p.bias_pattern();
   if (p.has_bias) os << ":" << dtype_name(p.bias_dtype);
+  if (p.packed) os << "|packed";  // sequences of at most lq/lk rows, S = bh / heads
   os << "|gqa=" << p.group_size() << "|pass=" << (pass == Pass::forward ? "forward" : "backward")
      << "|candidates=";
   for (std::size_t i = 0; i < names.size(); ++i) os << (i ? "," : "") << names[i];

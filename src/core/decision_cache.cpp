@@ -94,7 +94,7 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   const std::uint64_t flags = (p.has_bias ? 1u : 0u) | (p.bias_bcast_b ? 2u : 0u) |
                               (p.bias_bcast_h ? 4u : 0u) | (p.bias_bcast_q ? 8u : 0u) |
                               (p.vector_aligned ? 16u : 0u) | (autotune ? 32u : 0u) |
-                              (log ? 64u : 0u);
+                              (log ? 64u : 0u) | (p.packed ? 128u : 0u);
   w[7] = static_cast<std::uint64_t>(p.dtype) | static_cast<std::uint64_t>(p.device.type) << 8 |
          static_cast<std::uint64_t>(p.bias_dtype) << 16 |
          static_cast<std::uint64_t>(p.causal) << 24 | static_cast<std::uint64_t>(pass) << 32 |
@@ -104,6 +104,8 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   w[10] = std::bit_cast<std::uint64_t>(p.dropout_p);
   w[11] = p.dropout.threshold;
   w[12] = order_hash(order);
+  w[13] = static_cast<std::uint64_t>(p.total_q);  // packed calls (0 otherwise)
+  w[14] = static_cast<std::uint64_t>(p.total_k);
   return key;
 }
 

@@ -5,7 +5,9 @@
 // one decision, and a decided call allocates no host memory in the dispatcher.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -79,6 +81,43 @@ struct Call {
   CallInfo backward(const Options& o = {}) const { return memeff::backward(args(), grads(), o); }
 };
 
+// A packed call (AttentionArgs::packed) of S sequences with these query and key lengths.
+struct PackedCall {
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  std::int64_t max_q = 0, max_k = 0;
+  HostTensor q, k, v, out, lse;
+  PackedCall(const std::vector<std::int32_t>& lens_q, const std::vector<std::int32_t>& lens_k)
+      : q(DType::f32, {total(lens_q), 2, 8}),
+        k(DType::f32, {total(lens_k), 2, 8}),
+        v(DType::f32, {total(lens_k), 2, 8}),
+        out(DType::f32, {total(lens_q), 2, 8}),
+        lse(DType::f32, {2, total(lens_q)}) {
+    for (std::size_t s = 0; s < lens_q.size(); ++s) {
+      cu_q.push_back(cu_q.back() + lens_q[s]);
+      cu_k.push_back(cu_k.back() + lens_k[s]);
+      max_q = std::max<std::int64_t>(max_q, lens_q[s]);
+      max_k = std::max<std::int64_t>(max_k, lens_k[s]);
+    }
+  }
+  static std::int64_t total(const std::vector<std::int32_t>& lens) {
+    std::int64_t t = 0;
+    for (const std::int32_t n : lens) t += n;
+    return t;
+  }
+  CallInfo forward(const Options& o) const {
+    AttentionArgs a = test::attention_args(q, k, v);
+    PackedSequences p;
+    p.cu_seqlens_q = TensorView::contiguous(const_cast<std::int32_t*>(cu_q.data()), DType::i32,
+                                            {static_cast<std::int64_t>(cu_q.size())});
+    p.cu_seqlens_k = TensorView::contiguous(const_cast<std::int32_t*>(cu_k.data()), DType::i32,
+                                            {static_cast<std::int64_t>(cu_k.size())});
+    p.max_seqlen_q = max_q;
+    p.max_seqlen_k = max_k;
+    a.packed = p;
+    return memeff::forward(a, out.view, lse.view, o);
+  }
+};
+
 Options only(std::vector<std::string> names) {
   Options o;
   o.backends = std::move(names);
@@ -142,6 +181,29 @@ TEST_F(HotPathTest, ShapeDtypeAndAlignmentClassEachMakeTheirOwnDecision) {
   EXPECT_EQ(forward(misaligned, a.out.view, a.lse.view, order).backend, "hot_second");
   EXPECT_EQ(first->reasons_calls, 4);
   EXPECT_EQ(second->reasons_calls, 1);
+}
+
+// A packed call is a signature apart from the dense call of the same sizes (B = S, Lq and Lk the
+// maximum lengths), and so is each count of packed rows (a packed pass's workspace may scale
+// with it): a backend that refuses packed calls is never handed one by a remembered decision.
+TEST_F(HotPathTest, PackedCallsAndTheirRowCountsEachMakeTheirOwnDecision) {
+  auto dense_only = add(
+      "hot_dense_only", [](const Problem& p) { return p.packed; }, 16);
+  const Options order = only({"hot_dense_only", "hot_first"});
+  Call dense(DType::f32, 4);  // [1, 2, 4, 8] queries, 5 keys
+  EXPECT_EQ(dense.forward(order).backend, "hot_dense_only");
+  const PackedCall one({4}, {5});  // the same B, H, Lq, Lk, D, Dv, packed
+  EXPECT_EQ(one.forward(order).backend, "hot_first");
+  EXPECT_EQ(dense.forward(order).backend, "hot_dense_only");
+  EXPECT_EQ(dense_only->reasons_calls, 2);
+  EXPECT_EQ(first->reasons_calls, 1);
+  EXPECT_EQ(one.forward(order).backend, "hot_first");  // remembered
+  EXPECT_EQ(first->reasons_calls, 1);
+  // Two sequences, the same maxima, other row counts: decided again.
+  const PackedCall a({4, 2}, {5, 5}), b({4, 4}, {5, 3});
+  EXPECT_EQ(a.forward(order).backend, "hot_first");
+  EXPECT_EQ(b.forward(order).backend, "hot_first");
+  EXPECT_EQ(first->reasons_calls, 3);
 }
 
 TEST_F(HotPathTest, OrderRegistryEnvironmentAndGuardChangesAreObeyed) {

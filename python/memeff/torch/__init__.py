@@ -1,9 +1,11 @@
-"""memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff.
+"""memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff, and
+``varlen_attention`` for packed variable-length sequences (``torch.ops.memeff.varlen_fwd``).
 
-The ops (``torch.ops.memeff.fwd``, ``.bwd``, ``.dropout_mask``, ...) and the autograd kernel of
-``fwd`` are registered in C++ (memeff._C), so a forward and backward run without Python between
-the call and the kernels; this module registers their fake (meta) kernels, so they also work
-under ``torch.compile(fullgraph=True)``, and CUDA-graph capture works as for eager calls.
+The ops (``torch.ops.memeff.fwd``, ``.bwd``, ``.varlen_fwd``, ``.varlen_bwd``, ``.dropout_mask``,
+...) and the autograd kernels of ``fwd`` and ``varlen_fwd`` are registered in C++ (memeff._C), so
+a forward and backward run without Python between the call and the kernels; this module
+registers their fake (meta) kernels, so they also work under ``torch.compile(fullgraph=True)``,
+and CUDA-graph capture works as for eager calls.
 
 Outputs take their inputs' memory layout: ``out`` is laid out like ``query`` (a [B, L, H, D]
 storage viewed as [B, H, L, D] gives an ``out`` of that layout, which ``transpose(1, 2)`` makes
@@ -30,6 +32,7 @@ from .. import _C  # noqa: F401  (loading the library registers torch.ops.memeff
 
 __all__ = [
     "scaled_dot_product_attention",
+    "varlen_attention",
     "dropout_mask",
     "dropout_threshold",
     "last_rng_state",
@@ -68,18 +71,20 @@ DropoutThreshold = namedtuple("DropoutThreshold", ["threshold", "p_effective", "
 
 
 def _empty_in_layout_of(like: torch.Tensor, last) -> torch.Tensor:
-    """A new [B, H, L, last] tensor whose first three dimensions lie in memory in the order of
-    like's (outermost first by stride; size-1 and broadcast dimensions outermost; ties keep the
-    logical order): the rule of empty_in_layout_of in python/csrc/ops.cpp."""
+    """A new tensor of like's sizes but `last` in the last dimension ([B, H, L, last], or packed
+    [total, H, last]) whose other dimensions lie in memory in the order of like's (outermost
+    first by stride; size-1 and broadcast dimensions outermost; ties keep the logical order):
+    the rule of empty_in_layout_of in python/csrc/ops.cpp."""
+    n = like.dim() - 1
+
     def outerness(d):
         return math.inf if like.shape[d] == 1 or like.stride(d) == 0 else like.stride(d)
 
-    order = sorted(range(3), key=outerness, reverse=True)  # stable, also reversed
-    if order == [0, 1, 2]:
-        return like.new_empty((like.shape[0], like.shape[1], like.shape[2], last))
-    storage = like.new_empty((like.shape[order[0]], like.shape[order[1]], like.shape[order[2]],
-                              last))
-    logical = [0, 0, 0, 3]
+    order = sorted(range(n), key=outerness, reverse=True)  # stable, also reversed
+    storage = like.new_empty([like.shape[d] for d in order] + [last])
+    if order == list(range(n)):
+        return storage
+    logical = [0] * n + [n]
     for position, d in enumerate(order):
         logical[d] = position
     return storage.permute(logical)
@@ -99,6 +104,22 @@ def _bwd_fake(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty((0,))
     return (_empty_in_layout_of(q, q.shape[3]), _empty_in_layout_of(k, k.shape[3]),
             _empty_in_layout_of(v, v.shape[3]), dbias)
+
+
+@torch.library.register_fake("memeff::varlen_fwd")
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state,
+                     dropout_p, causal, scale, backends, check_offsets, generator=None):
+    out = _empty_in_layout_of(q, v.shape[2])
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    drawn = 2 if dropout_p > 0 and rng_state is None else 0
+    return out, lse, torch.empty((drawn,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.register_fake("memeff::varlen_bwd")
+def _varlen_bwd_fake(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                     lse, rng_state, dropout_p, causal, scale, backends):
+    return (_empty_in_layout_of(q, q.shape[2]), _empty_in_layout_of(k, k.shape[2]),
+            _empty_in_layout_of(v, v.shape[2]))
 
 
 @torch.library.register_fake("memeff::dropout_mask")
@@ -233,6 +254,94 @@ def scaled_dot_product_attention(
     return out, state
 
 
+def _max_length(value, name: str):
+    """A maximum sequence length as the op takes it: an int (or a SymInt under torch.compile);
+    a one-element tensor is read (a device synchronization for a CUDA tensor, an unbacked SymInt
+    under torch.compile with capture_scalar_outputs)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_floating_point() or value.is_complex():
+            raise ValueError(f"memeff: argument `{name}`: expected an int or a one-element integer "
+                             f"tensor, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+        return value.item()
+    return value
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p: float = 0.0,
+    causal: Union[None, bool, str] = None,
+    scale: Optional[float] = None,
+    *,
+    generator: Optional[torch.Generator] = None,
+    rng_state: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    return_rng_state: bool = False,
+    check_offsets: bool = False,
+):
+    """Attention over packed variable-length sequences (no padding), computed by memeff.
+
+    q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv] hold S sequences one after
+    the other; sequence s owns query rows cu_seqlens_q[s]:cu_seqlens_q[s+1] and key rows
+    cu_seqlens_k[s]:cu_seqlens_k[s+1] and attends only within itself. cu_seqlens_q/k: int32
+    [S + 1] on the device of q (0 first, non-decreasing, the totals last); max_seqlen_q/k: ints
+    at least every sequence's length (a one-element tensor is read, which synchronizes on a GPU).
+    Hq a multiple of Hkv is grouped-query attention. Returns out [total_q, Hq, Dv], laid out like
+    q. Autograd reaches q, k and v.
+
+    causal: None/False, True or "top_left" (query i of a sequence sees its keys j <= i), or
+      "bottom_right" (j <= i + Lk_s - Lq_s: each sequence's last query sees all its keys; the
+      same as top_left where a sequence has as many queries as keys).
+    dropout_p: applied whenever > 0, as in scaled_dot_product_attention. Dropout element
+      (s, h, i, j) is element (b = s, h, i, j) of the dense op's mask for the padded batch, so
+      packing never changes the mask: dropout_mask((S, Hq, max_q, max_k), p, rng_state)[s, :,
+      :Lq_s, :Lk_s] is the mask of sequence s.
+    scale: default 1/sqrt(D).
+    generator, rng_state: as for scaled_dot_product_attention.
+    return_lse: also return lse [Hq, total_q] (fp32, natural log of each row's softmax
+      denominator; -inf for a row that sees no key; not differentiable).
+    return_rng_state: also return the rng_state (on the device of q; None without dropout).
+      With both, the result is (out, lse, rng_state).
+    check_offsets: read the offsets and check their values (0 first, non-decreasing, the
+      packed totals last, no sequence longer than its max_seqlen), raising ValueError naming
+      the argument. On the CPU they are always checked. On a GPU this is a copy to the host and
+      a stream synchronization per call (skipped while a CUDA graph is captured), so it is off
+      by default: unchecked offsets never make a kernel read or write outside the tensors (the
+      kernels clamp them) but give meaningless results. Turn it on while debugging a data
+      pipeline. The backward never reads them on the host.
+
+    A bias is not supported with packed sequences; pad the batch for that.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"memeff: argument `{name}`: expected a packed [total, H, D] tensor "
+                             f"(varlen_attention), got {t.dim()} dimensions")
+    mode = _causal_mode(False, causal, None)
+    p = float(dropout_p)
+    out, lse, drawn = _ops.varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, _max_length(max_seqlen_q, "max_seqlen_q"),
+        _max_length(max_seqlen_k, "max_seqlen_k"), rng_state, p, mode,
+        None if scale is None else float(scale), _backend_order, bool(check_offsets), generator)
+    state = rng_state if rng_state is not None else (drawn if p > 0.0 else None)
+    if not torch.compiler.is_compiling():
+        _thread_state.last_rng_state = None if state is None else (state, q.device)
+    if not (return_lse or return_rng_state):
+        return out
+    result = [out]
+    if return_lse:
+        result.append(lse)
+    if return_rng_state:
+        if state is not None and state.device != q.device:
+            state = state.to(q.device)
+        result.append(state)
+    return tuple(result)
+
+
 def dropout_mask(shape: Sequence[int], dropout_p: float, rng_state: torch.Tensor) -> torch.Tensor:
     """The boolean keep-mask [B, Hq, Lq, Lk] (or [B, Lq, Lk]) of a call with this rng_state and
     dropout_p, on rng_state's device: True where the attention probability was kept (and scaled
@@ -256,9 +365,9 @@ def dropout_threshold(dropout_p: float) -> DropoutThreshold:
 
 
 def last_rng_state() -> Optional[torch.Tensor]:
-    """The rng_state of this thread's latest eager scaled_dot_product_attention call, on the
-    device of its query (None if it had no dropout). Under CUDA-graph capture it is the graph's
-    tensor, rewritten each replay."""
+    """The rng_state of this thread's latest eager scaled_dot_product_attention or
+    varlen_attention call, on the device of its query (None if it had no dropout). Under
+    CUDA-graph capture it is the graph's tensor, rewritten each replay."""
     last = _thread_state.last_rng_state
     if last is None:
         return None

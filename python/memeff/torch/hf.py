@@ -13,15 +13,28 @@ attention dropout as the module passes it (its rate in training, 0 in eval). The
 the [B, L, H, D] layout transformers wants with no copy, since memeff's output takes the query's
 [B, L, H, D] storage order.
 
+Padding-free (packed) batches run memeff.torch.varlen_attention, as transformers runs
+flash-attention's varlen function for them: sequences concatenated into one row (batch 1) whose
+position_ids restart at each sequence (what DataCollatorWithFlattening returns), or the
+cu_seq_lens_q / cu_seq_lens_k / max_length_q / max_length_k keyword arguments
+(DataCollatorWithFlattening(return_flash_attn_kwargs=True)). The mask function then builds no
+[T, T] block-diagonal mask for a plainly causal (or bidirectional) packed batch; a model whose
+mask holds more (a sliding window, ...) gets transformers' mask and the dense path, which is
+as correct. Under torch.compile the mask is kept and the padding-free path is taken only from
+the cu_seq_lens keyword arguments (finding sequences in position_ids reads their values).
+
 Written against transformers 5.x (AttentionInterface and AttentionMaskInterface.register; the
-GPU machine has 5.17, this was also run with 5.25); transformers is imported only by register().
+GPU machine has 5.17, this was also run with 5.25); transformers is imported only by register()
+and the mask function.
 """
 
+import functools
+import weakref
 from typing import Optional, Tuple
 
 import torch
 
-from . import scaled_dot_product_attention
+from . import scaled_dot_product_attention, varlen_attention
 
 __all__ = ["NAME", "attention_forward", "mask_function", "register"]
 
@@ -44,15 +57,19 @@ def attention_forward(
     [B, Hkv, Lk, D(v)], attention_mask boolean (True = attend) or additive float, broadcastable
     to [B, Hq, Lq, Lk], or None. Returns ([B, Lq, Hq, Dv], None): memeff never forms the
     attention weights."""
-    for unsupported in ("softcap", "s_aux"):
+    for unsupported in ("softcap", "s_aux", "block_table"):
         if kwargs.get(unsupported) is not None:
             raise NotImplementedError(f"memeff attention: argument `{unsupported}` is not "
                                       f"supported; use another attn_implementation for this model")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    if attention_mask is None and position_bias is None:
+        packing = _packing(query, key, kwargs)
+        if packing is not None:
+            return _varlen_forward(query, key, value, packing, dropout, scaling, is_causal), None
     # As transformers' sdpa_attention_forward decides it: causal only when the mask was left out
     # because it was purely causal (an explicit mask already holds the causal pattern), never for
     # a single query (decoding), and for decoder modules (module.is_causal) unless told otherwise.
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)
     causal = "top_left" if query.shape[2] > 1 and attention_mask is None and is_causal else None
     bias = attention_mask
     if position_bias is not None:  # T5-style learned relative bias: add the mask to it
@@ -72,16 +89,134 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+# Padding-free batches ---------------------------------------------------------------------------
+
+_PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+# The latest position_ids examined and the packing found in them: every layer of a forward gets
+# the same tensor, so its values are read (a device synchronization) once per forward.
+_last_positions = (None, -1, None)
+
+
+def _packing(query: torch.Tensor, key: torch.Tensor, kwargs):
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) of a padding-free call, or None: from the
+    flash-attention keyword arguments when all four are given (as transformers' flash path takes
+    them), else from position_ids restarting inside one row of queries and keys (batch 1,
+    equal lengths, not while torch.compile traces or a CUDA graph captures)."""
+    given = [kwargs.get(name) for name in _PACKING_KWARGS]
+    if all(x is not None for x in given):
+        return tuple(given)
+    position_ids = kwargs.get("position_ids")
+    if (position_ids is None or query.shape[0] != 1 or query.shape[2] < 2
+            or key.shape[2] != query.shape[2] or position_ids.dim() > 2
+            or position_ids.numel() != query.shape[2] or torch.compiler.is_compiling()):
+        return None
+    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    global _last_positions
+    ref, version, packing = _last_positions
+    if ref is not None and ref() is position_ids and version == position_ids._version:
+        return packing
+    packing = _packing_of_positions(position_ids)
+    _last_positions = (weakref.ref(position_ids), position_ids._version, packing)
+    return packing
+
+
+def _packing_of_positions(position_ids: torch.Tensor):
+    """Sequences in one row of position ids: a new one starts wherever the position does not
+    grow by 1 (the rule of transformers' find_packed_sequence_indices, which its masks follow).
+    None for a single sequence."""
+    positions = position_ids.reshape(-1)
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[1:] = positions[1:] - positions[:-1] != 1
+    first = starts.nonzero().flatten()
+    if first.numel() < 2:
+        return None
+    cu_seqlens = torch.cat([first, first.new_tensor([positions.numel()])]).to(torch.int32)
+    longest = int(cu_seqlens.diff().max())
+    return cu_seqlens, cu_seqlens, longest, longest
+
+
+def _varlen_forward(query, key, value, packing, dropout, scaling, is_causal) -> torch.Tensor:
+    """query [B, Hq, L, D] (and key, value) as B·L packed rows -> [B, L, Hq, Dv]. Causal is
+    bottom-right per sequence, as flash-attention's varlen function aligns it (the same as
+    top-left where a sequence has as many queries as keys)."""
+    cu_q, cu_k, max_q, max_k = packing
+    B, Hq, L, _ = query.shape
+
+    def rows(t):  # a view for transformers' [B, L, H, D] projections
+        return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
+
+    out = varlen_attention(rows(query), rows(key), rows(value),
+                           cu_q.to(device=query.device, dtype=torch.int32),
+                           cu_k.to(device=query.device, dtype=torch.int32), max_q, max_k,
+                           dropout_p=dropout, causal="bottom_right" if is_causal else None,
+                           scale=scaling)
+    return out.reshape(B, L, Hq, out.shape[-1])
+
+
+@functools.lru_cache(maxsize=None)
+def _mask_codes():
+    """The code objects of transformers' mask functions a plain packed mask is made of: the
+    causal and bidirectional patterns, the packed-sequence mask, and the combinators that join
+    them (and_masks, the position remap of packed sequences)."""
+    from transformers import masking_utils as mu
+    probe = torch.zeros(1, 1, dtype=torch.long)
+    patterns = {mu.causal_mask_function.__code__, mu.bidirectional_mask_function.__code__}
+    packed = mu.packed_sequence_mask_function(probe).__code__
+    combinators = {mu.and_masks(mu.causal_mask_function).__code__}
+    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+    if remap is not None:
+        combinators.add(remap(mu.causal_mask_function, probe).__code__)
+    return patterns, packed, combinators
+
+
+def _is_plain_packed(mask_fn) -> bool:
+    """Whether a transformers mask function is a causal or bidirectional pattern restricted to
+    packed sequences and nothing else: what varlen_attention computes without a mask."""
+    patterns, packed, combinators = _mask_codes()
+    found = {"pattern": 0, "packed": 0}
+
+    def walk(fn, depth):
+        code = getattr(fn, "__code__", None)
+        if code is None or depth > 8:
+            return False
+        if code is packed or code in patterns:
+            found["packed" if code is packed else "pattern"] += 1
+            return True
+        if code not in combinators:
+            return False
+        for cell in fn.__closure__ or ():
+            value = cell.cell_contents
+            for item in value if isinstance(value, tuple) else (value,):
+                if callable(item) and not walk(item, depth + 1):
+                    return False
+        return True
+
+    return walk(mask_fn, 0) and found == {"pattern": 1, "packed": 1}
+
+
 def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     """transformers' mask-interface signature (keyword arguments from its create_*_mask
     helpers). The masks of transformers' "sdpa" implementation (boolean, True = attend, or None
-    where causal mode or nothing at all does), except one: a plain bidirectional mask with
+    where causal mode or nothing at all does), except two: a plain bidirectional mask with
     padding (an encoder's) is returned as its [B, 1, 1, Lk] key-padding rows, which broadcast to
     the same mask, instead of being expanded to [B, 1, Lq, Lk] (which memeff would then read
-    for every query row)."""
+    for every query row); and a packed row of sequences under a plain causal or bidirectional
+    pattern gets no mask at all (the attention runs varlen_attention instead of reading a
+    [T, T] block-diagonal mask)."""
     from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS,
                                             bidirectional_mask_function, prepare_padding_mask)
     padding = kwargs.get("attention_mask")
+    # A packed row (transformers found sequences in position_ids): no mask, the attention runs
+    # varlen_attention on the same position_ids (it takes them for batch 1 only). Kept under
+    # torch.compile (see the module's docstring).
+    if (not args and padding is None and kwargs.get("local_size") is None
+            and kwargs.get("batch_size") == 1
+            and kwargs.get("q_length") == kwargs.get("kv_length")
+            and not torch.compiler.is_compiling()
+            and _is_plain_packed(kwargs.get("mask_function"))):
+        return None
     if (args or kwargs.get("mask_function") is not bidirectional_mask_function
             or padding is None or padding.dim() != 2 or kwargs.get("local_size") is not None):
         return ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](*args, **kwargs)
