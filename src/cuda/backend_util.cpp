@@ -2,6 +2,7 @@
 #include "cuda/backend_util.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -280,9 +281,19 @@ std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapabili
     reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
                       ": must be fp32 or the dtype of q");
   }
+  if (pb.packed && !unverified_packed_kernels_enabled()) {
+    reasons.push_back(
+        "packed sequences: the fused kernels for them are written but have not yet run on a GPU "
+        "(no device was available to test them); MEMEFF_UNVERIFIED_PACKED_KERNELS=1 enables them");
+  }
   cc = compute_capability(pb.device.index);
   if (!cc.ok) reasons.push_back(cc.error);
   return reasons;
+}
+
+bool unverified_packed_kernels_enabled() {
+  const char* env = std::getenv("MEMEFF_UNVERIFIED_PACKED_KERNELS");
+  return env != nullptr && std::string(env) == "1";
 }
 
 double CudaBackendBase::time_ms(const Problem& problem, const Options& options,

@@ -87,6 +87,10 @@ class StreamWorkspace {
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute
 // capability in `cc` (cc.ok false: its error is already among the reasons).
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc);
+// The fused kernels' packed (varlen) paths were written without a GPU to run them on; until their
+// gpu tests pass on a device they refuse packed calls unless MEMEFF_UNVERIFIED_PACKED_KERNELS=1
+// (read per decision, so a test can set it). Remove with the first device run that passes.
+bool unverified_packed_kernels_enabled();
 
 // The base of the CUDA backends: autotuning times a candidate with CUDA events recorded on
 // options.stream around it (on problem.device), and names the device by its GPU and compute
