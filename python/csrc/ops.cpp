@@ -317,6 +317,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
   return {std::move(out), std::move(lse), std::move(drawn)};
 }
 
+namespace {
+
+// The backward call both ops end with: views of the gradients' tensors (dout and out with a
+// contiguous last dimension), one prepared decision, run on `like`'s device and stream.
+void run_backward(const memeff::AttentionArgs& args, const at::Tensor& dout, const at::Tensor& out,
+                  const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
+                  const at::Tensor& dv, const at::Tensor* dbias, std::vector<std::string> backends,
+                  void* stream, const at::Tensor& like) {
+  const at::Tensor dout_c = last_dim_contiguous(dout);
+  const at::Tensor out_c = last_dim_contiguous(out);
+  memeff::BackwardTensors grads;
+  grads.dout = view_of(dout_c, "dout");
+  grads.out = view_of(out_c, "out");
+  grads.lse = view_of(lse, "lse");
+  grads.dq = view_of(dq, "dq");
+  grads.dk = view_of(dk, "dk");
+  grads.dv = view_of(dv, "dv");
+  if (dbias != nullptr) grads.dbias = view_of(*dbias, "dbias");
+  memeff::PreparedCall call = translate_errors([&] {
+    return memeff::PreparedCall::backward(args, grads, options_of(std::move(backends), stream));
+  });
+  remember_backend(g_last_backward_backend, run_prepared(std::move(call), like).backend);
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
@@ -340,20 +366,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     dbias.zero_();
     return {dq, dk, dv, dbias};
   }
-  const at::Tensor dout_c = last_dim_contiguous(dout);
-  const at::Tensor out_c = last_dim_contiguous(out);
-  memeff::BackwardTensors grads;
-  grads.dout = view_of(dout_c, "dout");
-  grads.out = view_of(out_c, "out");
-  grads.lse = view_of(lse, "lse");
-  grads.dq = view_of(dq, "dq");
-  grads.dk = view_of(dk, "dk");
-  grads.dv = view_of(dv, "dv");
-  if (bias_grad) grads.dbias = view_of(dbias, "dbias");
-  memeff::PreparedCall call = translate_errors([&] {
-    return memeff::PreparedCall::backward(in.args, grads, options_of(std::move(backends), stream));
-  });
-  remember_backend(g_last_backward_backend, run_prepared(std::move(call), q).backend);
+  run_backward(in.args, dout, out, lse, dq, dk, dv, bias_grad ? &dbias : nullptr,
+               std::move(backends), stream, q);
   return {dq, dk, dv, dbias};
 }
 
@@ -403,19 +417,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
     dv.zero_();
     return {dq, dk, dv};
   }
-  const at::Tensor dout_c = last_dim_contiguous(dout);
-  const at::Tensor out_c = last_dim_contiguous(out);
-  memeff::BackwardTensors grads;
-  grads.dout = view_of(dout_c, "dout");
-  grads.out = view_of(out_c, "out");
-  grads.lse = view_of(lse, "lse");
-  grads.dq = view_of(dq, "dq");
-  grads.dk = view_of(dk, "dk");
-  grads.dv = view_of(dv, "dv");
-  memeff::PreparedCall call = translate_errors([&] {
-    return memeff::PreparedCall::backward(in.args, grads, options_of(std::move(backends), stream));
-  });
-  remember_backend(g_last_backward_backend, run_prepared(std::move(call), q).backend);
+  run_backward(in.args, dout, out, lse, dq, dk, dv, nullptr, std::move(backends), stream, q);
   return {dq, dk, dv};
 }
 
