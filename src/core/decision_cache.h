@@ -1,9 +1,10 @@
 // The dispatcher's memory for the hot path: per thread, the backend (and its workspace size) last
 // chosen for a call signature, so that a repeated call skips the walk over every backend's
 // reasons and the texts that go with it. The signature is everything a decision depends on:
-// the Problem (sizes, dtypes, device, flags, bias pattern, alignment class), the pass, the backend
-// order and where it came from, and whether autotuning and the dispatch log are on. Entries are
-// dropped when the registry or the autotune memory changes (a process-wide generation counter).
+// the Problem (sizes, dtypes, device, flags, bias pattern, alignment class, global coordinates),
+// the pass, the backend order and where it came from, and whether autotuning and the dispatch
+// log are on. Entries are dropped when the registry or the autotune memory changes (a
+// process-wide generation counter).
 #pragma once
 
 #include <array>
@@ -30,7 +31,7 @@ struct OrderRef {
 };
 
 struct DecisionKey {
-  std::array<std::uint64_t, 13> words{};
+  std::array<std::uint64_t, 15> words{};
   friend bool operator==(const DecisionKey&, const DecisionKey&) = default;
 };
 
