@@ -11,6 +11,7 @@
 
 #include "cli_args.h"
 #include "cli_commands.h"
+#include "cli_context_parallel.h"
 #include "cli_json.h"
 #include "cli_problem.h"
 #include "cli_tolerance.h"
@@ -36,6 +37,9 @@ struct RunConfig {
   bool json = false;
   // Packed sequences (--seqlens, --kv-seqlens): empty for a dense batch.
   std::vector<std::int64_t> seqlens, kv_seqlens;
+  // Context parallelism (--context-parallel N and its --cp-* flags): 0 ranks for a plain run.
+  ContextParallelRun cp;
+  int context_parallel = 0;
 };
 
 std::vector<std::int64_t> parse_lengths(const std::string& flag, const std::string& text) {
@@ -261,6 +265,29 @@ FlagParser make_parser(RunConfig& rc) {
   p.add({"--kv-seqlens", "L1,L2,..",
          "key lengths of the packed sequences (default: the query lengths)",
          [&rc](const std::string& v) { rc.kv_seqlens = parse_lengths("--kv-seqlens", v); }});
+  p.add({"--context-parallel", "N",
+         "ring attention over N ranks (docs/context_parallel.md): each rank holds a slice of the\n"
+         "queries and keys; checked rank by rank against the single-device run on the same\n"
+         "backends. cpu: every rank in this process (local ring); cuda: one process per GPU over\n"
+         "NCCL (started here, or by torchrun-style RANK/WORLD_SIZE/LOCAL_RANK)",
+         [&rc](const std::string& v) {
+           rc.context_parallel = static_cast<int>(parse_int("--context-parallel", v, 1));
+           if (rc.context_parallel > 4096) {
+             throw UsageError("--context-parallel: at most 4096 ranks, got " + v);
+           }
+         }});
+  p.add({"--cp-layout", "L",
+         "auto (zigzag when causal, else contiguous), contiguous or zigzag (2N chunks; rank r\n"
+         "holds chunks r and 2N-1-r)",
+         [&rc](const std::string& v) { rc.cp.layout = v; }});
+  p.add({"--cp-transport", "T",
+         "auto (local on cpu; nccl on cuda with N > 1), local (every rank in this process, also\n"
+         "on one GPU) or nccl (one process per GPU)",
+         [&rc](const std::string& v) { rc.cp.transport = v; }});
+  p.add({"--nccl-id-file", "PATH",
+         "where rank 0 writes the NCCL unique id for the others (default $MEMEFF_NCCL_ID_FILE, or\n"
+         "a temporary file when this program starts the ranks itself)",
+         [&rc](const std::string& v) { rc.cp.id_file = v; }});
   p.add_section(
       "defaults: B=2 Hq=Hkv=8 Lq=Lk=512 D=Dv=64, bf16 on cuda / fp32 on cpu, causal top-left,\n"
       "dropout 0.1, no bias, seed 0, offset 0.\n"
@@ -550,6 +577,19 @@ int run_command(const std::vector<std::string>& argv) {
   rc.shape.check();
   if (!rc.kv_seqlens.empty() && rc.seqlens.empty()) {
     throw UsageError("--kv-seqlens: needs --seqlens (the query lengths)");
+  }
+  if (rc.context_parallel > 0) {
+    if (!rc.seqlens.empty()) {
+      throw UsageError("--context-parallel: not with --seqlens (packed sequences)");
+    }
+    ContextParallelRun cp = rc.cp;
+    cp.shape = rc.shape;
+    cp.device = rc.device;
+    cp.backend = rc.backend;
+    cp.json = rc.json;
+    cp.ranks = rc.context_parallel;
+    cp.argv = argv;
+    return run_context_parallel(cp);
   }
   if (!rc.seqlens.empty()) return run_packed(rc);
 

@@ -65,6 +65,25 @@ struct AttentionArgs {
   double dropout_p = 0.0;  // in [0, 1)
   RngState rng{};
   std::optional<PackedSequences> packed;  // set: q, k, v, out, lse are packed (see above)
+
+  // Where this call sits in a larger attention (context parallelism, docs/context_parallel.md):
+  // query row i is row q_start + i of the whole attention and key j is key k_start + j. The
+  // dropout mask is drawn at those global coordinates, so a sharded run draws the single-device
+  // mask, and top_left causal masking compares them (query i sees key j iff
+  // k_start + j <= q_start + i). bottom_right is refused with nonzero starts or kv_block: its
+  // diagonal depends on the whole attention's lengths, which a slice does not know (for a square
+  // attention it is top_left). Not with `packed`. Starts >= 0; q_start + Lq <= 2^32 and
+  // k_start + Lk <= 2^36 (the dropout map's range).
+  std::int64_t q_start = 0;
+  std::int64_t k_start = 0;
+  // This call's keys are one block of the whole attention's keys. The forward is unchanged (its
+  // out and lse are the block's partial result, merged by the caller through lse). The backward
+  // takes the *whole* attention's out and lse in BackwardTensors (P = exp(S - lse) and
+  // D = rowsum(dout ∘ out) from them) and writes this block's share of dq, dk, dv and dbias,
+  // which the caller sums over blocks.
+  bool kv_block = false;
+
+  bool has_global_coordinates() const { return q_start != 0 || k_start != 0 || kv_block; }
 };
 
 enum class Pass : std::uint8_t { forward, backward };

@@ -40,11 +40,21 @@ struct Problem {
   // The batch index the dropout map gives b = 0: a backend that runs packed sequences one at a
   // time as B = 1 problems sets it to the sequence, so the mask stays (b = s, h, i, j).
   std::int64_t rng_batch0 = 0;
+  // Global coordinates (AttentionArgs::q_start, k_start, kv_block): row i and key j of the call
+  // are row q_start + i and key k_start + j of the dropout map and of top_left causal masking;
+  // kv_block: the backward's out and lse are a larger attention's (no single-key shortcut).
+  std::int64_t q_start = 0, k_start = 0;
+  bool kv_block = false;
 
   bool has_dropout() const { return dropout.threshold < 256; }
+  bool has_global_coordinates() const { return q_start != 0 || k_start != 0 || kv_block; }
   std::int64_t group_size() const { return Hkv > 0 ? Hq / Hkv : 0; }
-  // Query i sees key j iff j <= i + causal_shift() (when causal is not none).
-  std::int64_t causal_shift() const { return causal == CausalMode::bottom_right ? Lk - Lq : 0; }
+  // Query i sees key j iff j <= i + causal_shift() (when causal is not none): top_left compares
+  // global coordinates (k_start + j <= q_start + i); bottom_right (never with starts) aligns the
+  // last query with the last key.
+  std::int64_t causal_shift() const {
+    return causal == CausalMode::bottom_right ? Lk - Lq : q_start - k_start;
+  }
   // "bhqk" with a 1 for each broadcast dimension, "none" without bias.
   std::string bias_pattern() const;
   std::string describe() const;
@@ -59,6 +69,12 @@ class Backend {
 
   // Every reason this backend cannot run the problem; empty when it can.
   virtual std::vector<std::string> reasons_unsupported(const Problem& problem, Pass pass) const = 0;
+
+  // Whether the backend honours Problem::q_start, k_start and kv_block (global coordinates for
+  // the dropout map and the causal mask; the backward of one key block). The dispatcher refuses
+  // calls that use them for a backend that does not say so, with a reason, so a backend written
+  // before them never misreads such a call as a standalone attention.
+  virtual bool supports_global_coordinates() const { return false; }
 
   // Scratch bytes wanted for the pass (0 by default).
   virtual std::size_t workspace_bytes(const Problem&, Pass) const { return 0; }

@@ -263,6 +263,13 @@ std::string tune_key(const Problem& p, Pass pass,
      << "|bias=" << p.bias_pattern();
   if (p.has_bias) os << ":" << dtype_name(p.bias_dtype);
   if (p.packed) os << "|packed";  // sequences of at most lq/lk rows, S = bh / heads
+  // Global coordinates only where used, so the keys of ordinary calls (and caches) stay as they
+  // were. What changes the work is the causal shift and whether keys start off a 64-key dropout
+  // block, not the starts themselves (a long ring would otherwise fill the cache file).
+  if (p.has_global_coordinates()) {
+    if (p.causal != CausalMode::none) os << "|shift=" << p.causal_shift();
+    os << "|k_start%64=" << p.k_start % 64 << (p.kv_block ? "|kv_block" : "");
+  }
   os << "|gqa=" << p.group_size() << "|pass=" << (pass == Pass::forward ? "forward" : "backward")
      << "|candidates=";
   for (std::size_t i = 0; i < names.size(); ++i) os << (i ? "," : "") << names[i];

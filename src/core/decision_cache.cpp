@@ -1,5 +1,5 @@
 // The per-thread decision cache of the hot path (see decision_cache.h). Thread-local, so a hit
-// takes no lock: one atomic load for the generation, a hash of 13 words and a comparison.
+// takes no lock: one atomic load for the generation, a hash of 15 words and a comparison.
 #include "core/decision_cache.h"
 
 #include <atomic>
@@ -94,7 +94,8 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   const std::uint64_t flags = (p.has_bias ? 1u : 0u) | (p.bias_bcast_b ? 2u : 0u) |
                               (p.bias_bcast_h ? 4u : 0u) | (p.bias_bcast_q ? 8u : 0u) |
                               (p.vector_aligned ? 16u : 0u) | (autotune ? 32u : 0u) |
-                              (log ? 64u : 0u) | (p.packed ? 128u : 0u);
+                              (log ? 64u : 0u) | (p.packed ? 128u : 0u) |
+                              (p.kv_block ? 256u : 0u);
   w[7] = static_cast<std::uint64_t>(p.dtype) | static_cast<std::uint64_t>(p.device.type) << 8 |
          static_cast<std::uint64_t>(p.bias_dtype) << 16 |
          static_cast<std::uint64_t>(p.causal) << 24 | static_cast<std::uint64_t>(pass) << 32 |
@@ -106,6 +107,10 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   w[12] = order_hash(order);
   w[13] = static_cast<std::uint64_t>(p.total_q);  // packed calls (0 otherwise)
   w[14] = static_cast<std::uint64_t>(p.total_k);
+  // The starts themselves, not a class of them: a backend may refuse some (the Hopper backward
+  // will want k_start % 64 == 0), and a ring step meets only a handful of distinct values.
+  w[15] = static_cast<std::uint64_t>(p.q_start);
+  w[16] = static_cast<std::uint64_t>(p.k_start);
   return key;
 }
 

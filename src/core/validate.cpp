@@ -204,7 +204,10 @@ std::string Problem::describe() const {
   std::ostringstream os;
   os << dtype_name(dtype) << " B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Lq=" << Lq
      << " Lk=" << Lk << " D=" << D << " Dv=" << Dv << " causal=" << causal_mode_name(causal)
-     << " bias=" << bias_pattern() << " dropout=" << dropout_p << " on " << device_name(device);
+     << " bias=" << bias_pattern() << " dropout=" << dropout_p;
+  if (q_start != 0 || k_start != 0) os << " q_start=" << q_start << " k_start=" << k_start;
+  if (kv_block) os << " kv_block";
+  os << " on " << device_name(device);
   return os.str();
 }
 
@@ -325,6 +328,47 @@ Problem dense_problem(const AttentionArgs& args) {
   return p;
 }
 
+// AttentionArgs::q_start, k_start and kv_block (docs/context_parallel.md): the global rows and
+// keys must be addressable by the dropout map, and only top_left or no causal mask has a meaning
+// for a slice of a larger attention.
+void check_global_coordinates(const AttentionArgs& args, Problem& p) {
+  if (!args.has_global_coordinates()) return;
+  const struct {
+    const char* name;
+    std::int64_t start, length;
+    std::uint64_t limit;
+    const char* what;
+  } sides[] = {{"q_start", args.q_start, p.Lq, detail::kDropoutMaxRows, "query rows"},
+               {"k_start", args.k_start, p.Lk, detail::kDropoutMaxCols, "keys"}};
+  for (const auto& side : sides) {
+    if (side.start < 0) {
+      fail(side.name, "expected a global position >= 0, got " + std::to_string(side.start));
+    }
+    // start + length <= limit, written so that it cannot overflow (both are below 2^63).
+    if (static_cast<std::uint64_t>(side.start) > side.limit ||
+        static_cast<std::uint64_t>(side.length) >
+            side.limit - static_cast<std::uint64_t>(side.start)) {
+      fail(side.name, std::string("global ") + side.what + " [" + std::to_string(side.start) +
+                          ", " + std::to_string(side.start) + " + " + std::to_string(side.length) +
+                          ") reach past the dropout map's " +
+                          (side.limit == detail::kDropoutMaxRows ? "2^32 rows" : "2^36 keys"));
+    }
+  }
+  if (args.packed) {
+    fail(args.kv_block ? "kv_block" : (args.q_start != 0 ? "q_start" : "k_start"),
+         "not supported with packed sequences (each sequence already has its own coordinates)");
+  }
+  if (args.causal == CausalMode::bottom_right) {
+    fail("causal",
+         "bottom_right is not defined with q_start/k_start/kv_block (its diagonal "
+         "depends on the whole attention's lengths, which a slice does not know); for "
+         "a square attention (Lq = Lk in total) pass top_left, the same mask");
+  }
+  p.q_start = args.q_start;
+  p.k_start = args.k_start;
+  p.kv_block = args.kv_block;
+}
+
 }  // namespace
 
 Problem validate_inputs(const AttentionArgs& args) {
@@ -397,6 +441,7 @@ Problem validate_inputs(const AttentionArgs& args) {
     fail("rng", "device_seed/device_offset point to device memory and need CUDA tensors; q is on " +
                     device_name(q.device));
   }
+  check_global_coordinates(args, p);
   if (args.packed && q.device.type == DeviceType::cpu) {  // host offsets: always checked
     validate_packed_offsets(static_cast<const std::int32_t*>(args.packed->cu_seqlens_q.data),
                             static_cast<const std::int32_t*>(args.packed->cu_seqlens_k.data), p);

@@ -153,7 +153,7 @@ std::size_t forward_thread_bytes(const Dims& d) {
          + Arena::padded(r * kBc * f)      // scores / probabilities
          + Arena::padded(r * d.Dvp * f)    // output accumulator
          + 2 * Arena::padded(r * f)        // running max, running sum
-         + Arena::padded(r * w)            // keep-bits
+         + 2 * Arena::padded(r * w)        // keep-bits (two words when k_start % 64 != 0)
          + Arena::padded(kBc * f)          // bias row
          + Arena::padded(d.Dp * f);        // row conversion scratch
 }
@@ -169,7 +169,7 @@ std::size_t backward_thread_tile_bytes(const Dims& d) {
          + Arena::padded(kBr * d.Dvp * f)                 // dO tile
          + 3 * Arena::padded(kBr * kBc * f)               // S/P (then P∘Z), dP, dS
          + 2 * Arena::padded(kBr * f)                     // lse, D_i
-         + Arena::padded(kBr * w)                         // keep-bits
+         + 2 * Arena::padded(kBr * w)                     // keep-bits (two when unaligned)
          + Arena::padded(kBc * f)                         // bias row
          + Arena::padded(2 * std::max(d.Dp, d.Dvp) * f);  // row conversion scratch (two rows)
 }
@@ -228,6 +228,21 @@ struct BiasReader {
   }
 };
 
+// Keep-bits of `rows` query rows from global row `row0` for the 64 keys from global key `col0`:
+// bit c of keep[r] is key col0 + c. Key tiles start at multiples of 64 in the call, so they sit
+// on the dropout map's 64-column blocks unless the call's keys start off one (k_start % 64 != 0,
+// a context-parallel chunk of uneven length): then the tile straddles two blocks, whose words
+// are drawn and spliced (`spare` holds the second).
+void keep_bits_at(const CpuKernels& kern, DropoutKey key, std::uint64_t bh, std::uint64_t row0,
+                  int rows, std::uint64_t col0, std::uint32_t threshold, std::uint64_t* keep,
+                  std::uint64_t* spare) {
+  const unsigned shift = static_cast<unsigned>(col0 % kBc);
+  kern.keep_masks64(key, bh, row0, rows, col0 / kBc, threshold, keep);
+  if (shift == 0) return;
+  kern.keep_masks64(key, bh, row0, rows, col0 / kBc + 1, threshold, spare);
+  for (int r = 0; r < rows; ++r) keep[r] = (keep[r] >> shift) | (spare[r] << (kBc - shift));
+}
+
 // Number of keys of tile [j0, j0 + cols) row i sees (a prefix of the tile).
 inline int visible_prefix(const Problem& pb, std::int64_t i, std::int64_t j0, int cols) {
   if (pb.causal == CausalMode::none) return cols;
@@ -239,6 +254,7 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   DeviceType device_type() const override { return DeviceType::cpu; }
+  bool supports_global_coordinates() const override { return true; }
 
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass) const override {
     std::vector<std::string> why;
@@ -250,7 +266,7 @@ class CpuBackend final : public Backend {
       why.push_back("head dim " + std::to_string(std::max(pb.D, pb.Dv)) + " > " +
                     std::to_string(kMaxHeadDim) + " (per-thread tiles would outgrow the caches)");
     }
-    if (static_cast<std::uint64_t>(pb.Lq) >= kDropoutMaxRows && pb.has_dropout()) {
+    if (static_cast<std::uint64_t>(pb.q_start + pb.Lq) >= kDropoutMaxRows && pb.has_dropout()) {
       why.push_back("Lq beyond the dropout map's row range");
     }
     return why;
@@ -324,6 +340,7 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
     float* m = arena.floats(d.fwd_rows);
     float* l = arena.floats(d.fwd_rows);
     std::uint64_t* keep = arena.words(d.fwd_rows);
+    std::uint64_t* keep_spare = arena.words(d.fwd_rows);
     float* brow = arena.floats(kBc);
     float* conv = arena.floats(d.Dp);
     std::fill(vs, vs + kBc * d.Dvp, 0.0f);  // padding columns stay zero
@@ -361,9 +378,9 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
         kern.gemm(rows, kBc, static_cast<int>(d.D), qs, static_cast<int>(d.Dp), kt, kBc, s, kBc,
                   false);
         if (dropout) {
-          kern.keep_masks64(key, static_cast<std::uint64_t>(bh + pb.rng_batch0 * pb.Hq),
-                            static_cast<std::uint64_t>(i0), rows,
-                            static_cast<std::uint64_t>(j0 / kBc), threshold, keep);
+          keep_bits_at(kern, key, static_cast<std::uint64_t>(bh + pb.rng_batch0 * pb.Hq),
+                       static_cast<std::uint64_t>(pb.q_start + i0), rows,
+                       static_cast<std::uint64_t>(pb.k_start + j0), threshold, keep, keep_spare);
         }
         for (int r = 0; r < rows; ++r) {
           float* srow = s + r * kBc;
@@ -467,6 +484,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
     float* lse_r = arena.floats(kBr);
     float* di = arena.floats(kBr);
     std::uint64_t* keep = arena.words(kBr);
+    std::uint64_t* keep_spare = arena.words(kBr);
     float* brow = arena.floats(kBc);
     float* conv = arena.floats(2 * std::max(d.Dp, d.Dvp));
     float* part = reinterpret_cast<float*>(parts_base + part_bytes * static_cast<std::size_t>(tid));
@@ -527,8 +545,10 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
             kern.gemm(rows, kBc, static_cast<int>(d.Dv), doi, static_cast<int>(d.Dvp), vjt, kBc, dp,
                       kBc, false);
             if (dropout) {
-              kern.keep_masks64(key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(i0),
-                                rows, static_cast<std::uint64_t>(jb), threshold, keep);
+              keep_bits_at(kern, key, static_cast<std::uint64_t>(bh),
+                           static_cast<std::uint64_t>(pb.q_start + i0), rows,
+                           static_cast<std::uint64_t>(pb.k_start + j0), threshold, keep,
+                           keep_spare);
             }
             for (int r = 0; r < rows; ++r) {
               const std::int64_t i = i0 + r;
@@ -545,8 +565,11 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               // P = exp(S·scale + bias − lse), dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
               kern.softmax_grad64(prow, dprow, dsrow, scale, bias_row, valid, lse_r[r], di[r],
                                   dropout ? keep[r] : 0, keep_scale, dropout);
-              if (sees_one_key(i, pb.Lk, pb.causal != CausalMode::none, pb.causal_shift())) {
-                std::fill(dsrow, dsrow + kBc, 0.0f);  // dS is exactly 0 (core/visible_keys.h)
+              // dS is exactly 0 for a row that sees one key (core/visible_keys.h); not in a key
+              // block of a larger attention, where the row may see keys of other blocks too.
+              if (!pb.kv_block &&
+                  sees_one_key(i, pb.Lk, pb.causal != CausalMode::none, pb.causal_shift())) {
+                std::fill(dsrow, dsrow + kBc, 0.0f);
               }
               if (dbias) {
                 const TensorView& db = *dbias;

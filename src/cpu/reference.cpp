@@ -37,6 +37,7 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
   DeviceType device_type() const override { return DeviceType::cpu; }
   std::vector<std::string> reasons_unsupported(const Problem&, Pass) const override { return {}; }
+  bool supports_global_coordinates() const override { return true; }
 
   void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
                const TensorView& lse, const Options& options) override {
@@ -87,7 +88,10 @@ class ReferenceBackend final : public Backend {
       for (std::int64_t h = 0; h < pb.Hq; ++h) {
         const std::int64_t kvh = h / pb.group_size();
         for (std::int64_t i = 0; i < pb.Lq; ++i) {
-          const Row row = compute_row(pb, args, b, h, i);
+          // A key block of a larger attention (kv_block) takes P from the whole attention's lse
+          // and D_i from its out: this block's keys are only part of the row's softmax.
+          const double whole_lse = pb.kv_block ? load_as_double(g.lse, g.lse.offset(b, h, i)) : 0.0;
+          const Row row = compute_row(pb, args, b, h, i, pb.kv_block ? &whole_lse : nullptr);
           // dP' = dO·Vᵀ for the row; D_i = Σ_j P_ij Z_ij dP'_ij (= rowsum(dO ∘ O) exactly).
           double di = 0.0;
           for (std::int64_t j = 0; j < pb.Lk; ++j) {
@@ -100,6 +104,13 @@ class ReferenceBackend final : public Backend {
             }
             dp[j] = acc;
             di += row.p[j] * row.z[j] * acc;
+          }
+          if (pb.kv_block) {
+            di = 0.0;
+            for (std::int64_t e = 0; e < pb.Dv; ++e) {
+              di += load_as_double(g.dout, g.dout.offset(b, h, i, e)) *
+                    load_as_double(g.out, g.out.offset(b, h, i, e));
+            }
           }
           std::fill(dq_row.begin(), dq_row.end(), 0.0);
           for (std::int64_t j = 0; j < pb.Lk; ++j) {
@@ -148,8 +159,10 @@ class ReferenceBackend final : public Backend {
   }
 
  private:
+  // Row i of (b, h). With `whole_lse` (a kv_block backward) P is exp(s - *whole_lse), the
+  // probabilities of the whole attention restricted to this block's keys, not renormalized.
   static Row compute_row(const Problem& pb, const AttentionArgs& args, std::int64_t b,
-                         std::int64_t h, std::int64_t i) {
+                         std::int64_t h, std::int64_t i, const double* whole_lse = nullptr) {
     const TensorView &q = args.q, &k = args.k;
     const std::int64_t kvh = h / pb.group_size();
     Row row;
@@ -168,21 +181,30 @@ class ReferenceBackend final : public Backend {
       m = std::max(m, s[j]);
     }
     if (m == kNegInf) return row;  // no visible key: p = 0, lse = -inf
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < pb.Lk; ++j) {
-      row.p[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
-      sum += row.p[j];
+    if (whole_lse) {
+      if (*whole_lse == kNegInf) return row;  // the row sees no key anywhere: p = 0
+      for (std::int64_t j = 0; j < pb.Lk; ++j) {
+        row.p[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - *whole_lse);
+      }
+      row.lse = *whole_lse;
+    } else {
+      double sum = 0.0;
+      for (std::int64_t j = 0; j < pb.Lk; ++j) {
+        row.p[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
+        sum += row.p[j];
+      }
+      for (double& pj : row.p) pj /= sum;
+      row.lse = m + std::log(sum);
     }
-    for (double& pj : row.p) pj /= sum;
-    row.lse = m + std::log(sum);
     row.empty = false;
     if (pb.has_dropout() && pb.Lk > 0) {
-      MaskWindow w;
+      MaskWindow w;  // at the global coordinates of the row and the keys
       w.heads = pb.Hq;
       w.batch_begin = pb.rng_batch0 + b;
       w.head_begin = h;
-      w.row_begin = i;
+      w.row_begin = pb.q_start + i;
       w.rows = 1;
+      w.col_begin = pb.k_start;
       w.cols = pb.Lk;
       std::vector<std::uint8_t> keep(static_cast<std::size_t>(pb.Lk));
       dropout_mask(args.rng.seed, args.rng.offset, pb.dropout_p, w, keep.data());
