@@ -301,6 +301,85 @@ FlagParser make_parser(RunConfig& rc) {
   return p;
 }
 
+// Both passes timed as `memeff run` times them: each pass gets the workspace it asks for (so
+// nothing allocates inside the timed calls), warm-up (whose outputs are the ones checked), then
+// `iters` calls per pass into the same buffers. Default iterations: 10 on cuda; on the CPU 3, or
+// fewer when one forward+backward takes seconds (the reference backend).
+struct TimedPasses {
+  CallInfo fwd_info, bwd_info;
+  std::int64_t iters = 0;
+  double fwd_ms = 0.0, bwd_ms = 0.0;  // medians
+  std::size_t ws_fwd = 0, ws_bwd = 0;
+};
+
+TimedPasses time_passes(const RunConfig& rc, Device device, const AttentionArgs& args,
+                        const BackwardTensors& grads, const Options& options,
+                        const std::string& what) {
+  TimedPasses t;
+  Options fwd_options = options, bwd_options = options;
+  t.ws_fwd = workspace_size(args, Pass::forward, options);
+  t.ws_bwd = workspace_size(args, Pass::backward, options);
+  Buffer ws_f(device, t.ws_fwd), ws_b(device, t.ws_bwd);
+  fwd_options.workspace = ws_f.data();
+  fwd_options.workspace_bytes = t.ws_fwd;
+  bwd_options.workspace = ws_b.data();
+  bwd_options.workspace_bytes = t.ws_bwd;
+  if (!rc.json) {
+    std::fprintf(stderr, "memeff run: %s on %s, warm-up\n", what.c_str(),
+                 device_description(device).c_str());
+  }
+  Timer timer(device);
+  double warmup_ms = 0.0;
+  for (std::int64_t i = 0; i < std::max<std::int64_t>(rc.warmup, 1); ++i) {
+    timer.start();
+    t.fwd_info = forward(args, grads.out, grads.lse, fwd_options);
+    t.bwd_info = backward(args, grads, bwd_options);
+    warmup_ms = timer.stop();
+  }
+  synchronize(device);
+  t.iters = rc.iters;
+  if (t.iters <= 0) {
+    t.iters = device.type == DeviceType::cuda
+                  ? 10
+                  : std::clamp<std::int64_t>(
+                        static_cast<std::int64_t>(3000.0 / std::max(warmup_ms, 1.0)), 1, 3);
+  }
+  if (!rc.json) {
+    std::fprintf(stderr, "memeff run: timing %lld iterations per pass\n",
+                 static_cast<long long>(t.iters));
+  }
+  // Timing reruns both passes into the same buffers (deterministic inputs: the values repeat).
+  std::vector<double> fwd_ms, bwd_ms;
+  for (std::int64_t i = 0; i < t.iters; ++i) {
+    timer.start();
+    forward(args, grads.out, grads.lse, fwd_options);
+    fwd_ms.push_back(timer.stop());
+  }
+  for (std::int64_t i = 0; i < t.iters; ++i) {
+    timer.start();
+    backward(args, grads, bwd_options);
+    bwd_ms.push_back(timer.stop());
+  }
+  synchronize(device);
+  t.fwd_ms = median(fwd_ms);
+  t.bwd_ms = median(bwd_ms);
+  return t;
+}
+
+void print_checks(const std::vector<CheckResult>& checks) {
+  for (const CheckResult& r : checks) {
+    std::printf("    %-6s max abs err %-9s  tol %-9s (max |ref| %s)  %s", r.name.c_str(),
+                r.cmp.nonfinite ? "non-finite" : format_sci(r.cmp.max_abs).c_str(),
+                format_sci(r.tol.bound(r.cmp.max_ref)).c_str(), format_g(r.cmp.max_ref).c_str(),
+                r.pass() ? "PASS" : "FAIL");
+    if (!r.pass() && r.cmp.worst >= 0) {
+      std::printf("  at %s", index_string(r.cmp.worst, r.dims).c_str());
+    }
+    if (!r.note.empty()) std::printf("  (%s)", r.note.c_str());
+    std::printf("\n");
+  }
+}
+
 // `memeff run --seqlens`: packed variable-length sequences (AttentionArgs::packed). Random
 // sequences of the given lengths are packed into q [total_q, Hq, D], k and v [total_k, Hkv, D|Dv];
 // forward and backward run on the chosen backend and are checked against the reference on the
@@ -370,15 +449,6 @@ int run_packed(const RunConfig& rc) {
                               std::nullopt};
   Options options;
   if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
-  Options fwd_options = options, bwd_options = options;
-  const std::size_t ws_fwd = workspace_size(args, Pass::forward, options);
-  const std::size_t ws_bwd = workspace_size(args, Pass::backward, options);
-  Buffer ws_f(device, ws_fwd), ws_b(device, ws_bwd);
-  fwd_options.workspace = ws_f.data();
-  fwd_options.workspace_bytes = ws_fwd;
-  bwd_options.workspace = ws_b.data();
-  bwd_options.workspace_bytes = ws_bwd;
-
   std::ostringstream lens;
   for (std::int64_t s = 0; s < S; ++s) {
     lens << (s ? "," : "") << lq[s];
@@ -390,43 +460,10 @@ int run_packed(const RunConfig& rc) {
           << dtype_name(dtype) << " causal=" << causal_flag_name(c.causal)
           << " dropout=" << c.dropout;
   const std::string where = device_description(device);
-  if (!rc.json) {
-    std::fprintf(stderr, "memeff run: %s on %s, warm-up\n", problem.str().c_str(), where.c_str());
-  }
-  CallInfo fwd_info, bwd_info;
-  Timer timer(device);
-  double warmup_ms = 0.0;
-  for (std::int64_t i = 0; i < std::max<std::int64_t>(rc.warmup, 1); ++i) {
-    timer.start();
-    fwd_info = forward(args, grads.out, grads.lse, fwd_options);
-    bwd_info = backward(args, grads, bwd_options);
-    warmup_ms = timer.stop();
-  }
-  synchronize(device);
-  std::int64_t iters = rc.iters;
-  if (iters <= 0) {
-    iters = device.type == DeviceType::cuda
-                ? 10
-                : std::clamp<std::int64_t>(
-                      static_cast<std::int64_t>(3000.0 / std::max(warmup_ms, 1.0)), 1, 3);
-  }
-  if (!rc.json) {
-    std::fprintf(stderr, "memeff run: timing %lld iterations per pass\n",
-                 static_cast<long long>(iters));
-  }
-  std::vector<double> fwd_ms, bwd_ms;
-  for (std::int64_t i = 0; i < iters; ++i) {
-    timer.start();
-    forward(args, grads.out, grads.lse, fwd_options);
-    fwd_ms.push_back(timer.stop());
-  }
-  for (std::int64_t i = 0; i < iters; ++i) {
-    timer.start();
-    backward(args, grads, bwd_options);
-    bwd_ms.push_back(timer.stop());
-  }
-  synchronize(device);
-  const double t_f = median(fwd_ms), t_b = median(bwd_ms);
+  const TimedPasses timed = time_passes(rc, device, args, grads, options, problem.str());
+  const CallInfo &fwd_info = timed.fwd_info, &bwd_info = timed.bwd_info;
+  const std::int64_t iters = timed.iters;
+  const double t_f = timed.fwd_ms, t_b = timed.bwd_ms;
   const double flops = attention_flops_packed(lq, lk, Hq, D, c.causal);
   const double fwd_tflops = t_f > 0 ? flops / t_f / 1e9 : 0.0;
   const double bwd_tflops = t_b > 0 ? 2.5 * flops / t_b / 1e9 : 0.0;
@@ -554,16 +591,7 @@ int run_packed(const RunConfig& rc) {
   std::printf("  backward   %10.3f ms  %8s TFLOP/s   (FLOPs of the real lengths; median of %lld)\n",
               t_b, format_g(bwd_tflops).c_str(), static_cast<long long>(iters));
   std::printf("  check      %s\n", check_text.c_str());
-  for (const CheckResult& r : checks) {
-    std::printf("    %-6s max abs err %-9s  tol %-9s (max |ref| %s)  %s", r.name.c_str(),
-                r.cmp.nonfinite ? "non-finite" : format_sci(r.cmp.max_abs).c_str(),
-                format_sci(r.tol.bound(r.cmp.max_ref)).c_str(), format_g(r.cmp.max_ref).c_str(),
-                r.pass() ? "PASS" : "FAIL");
-    if (!r.pass() && r.cmp.worst >= 0) {
-      std::printf("  at %s", index_string(r.cmp.worst, r.dims).c_str());
-    }
-    std::printf("\n");
-  }
+  print_checks(checks);
   std::printf("  result     %s\n", rc.check == "none" ? "not checked" : pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }
@@ -604,51 +632,12 @@ int run_command(const std::vector<std::string>& argv) {
   Options options;
   if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
 
-  // Hand each pass the workspace it asks for, so nothing allocates inside the timed calls.
-  Options fwd_options = options, bwd_options = options;
-  const std::size_t ws_fwd = workspace_size(args, Pass::forward, options);
-  const std::size_t ws_bwd = workspace_size(args, Pass::backward, options);
-  Buffer ws_f(device, ws_fwd), ws_b(device, ws_bwd);
-  fwd_options.workspace = ws_f.data();
-  fwd_options.workspace_bytes = ws_fwd;
-  bwd_options.workspace = ws_b.data();
-  bwd_options.workspace_bytes = ws_bwd;
-
   const std::string where = device_description(device);
-  if (!rc.json) std::fprintf(stderr, "memeff run: %s on %s, warm-up\n", c.describe(d.dtype).c_str(), where.c_str());
-  CallInfo fwd_info, bwd_info;
-  Timer timer(device);
-  double warmup_ms = 0.0;
-  for (std::int64_t i = 0; i < std::max<std::int64_t>(rc.warmup, 1); ++i) {
-    timer.start();
-    fwd_info = forward(args, grads.out, grads.lse, fwd_options);
-    bwd_info = backward(args, grads, bwd_options);
-    warmup_ms = timer.stop();
-  }
-  synchronize(device);
-  // Default iterations: 10 on cuda; on the CPU 3, or fewer when one forward+backward takes
-  // seconds (the reference backend), so the default run stays short.
-  std::int64_t iters = rc.iters;
-  if (iters <= 0) {
-    iters = device.type == DeviceType::cuda
-                ? 10
-                : std::clamp<std::int64_t>(static_cast<std::int64_t>(3000.0 / std::max(warmup_ms, 1.0)), 1, 3);
-  }
-  // The warm-up outputs are what gets checked; timing reruns both passes into the same buffers.
-  if (!rc.json) std::fprintf(stderr, "memeff run: timing %lld iterations per pass\n", static_cast<long long>(iters));
-  std::vector<double> fwd_ms, bwd_ms;
-  for (std::int64_t i = 0; i < iters; ++i) {
-    timer.start();
-    forward(args, grads.out, grads.lse, fwd_options);
-    fwd_ms.push_back(timer.stop());
-  }
-  for (std::int64_t i = 0; i < iters; ++i) {
-    timer.start();
-    backward(args, grads, bwd_options);
-    bwd_ms.push_back(timer.stop());
-  }
-  synchronize(device);
-  const double t_f = median(fwd_ms), t_b = median(bwd_ms);
+  const TimedPasses timed = time_passes(rc, device, args, grads, options, c.describe(d.dtype));
+  const CallInfo &fwd_info = timed.fwd_info, &bwd_info = timed.bwd_info;
+  const std::int64_t iters = timed.iters;
+  const std::size_t ws_fwd = timed.ws_fwd, ws_bwd = timed.ws_bwd;
+  const double t_f = timed.fwd_ms, t_b = timed.bwd_ms;
   const double flops = d.forward_flops();
   const double fwd_tflops = t_f > 0 ? flops / t_f / 1e9 : 0.0;
   const double bwd_tflops = t_b > 0 ? 2.5 * flops / t_b / 1e9 : 0.0;
@@ -734,15 +723,7 @@ int run_command(const std::vector<std::string>& argv) {
               static_cast<long long>(std::max<std::int64_t>(rc.warmup, 1)),
               device.type == DeviceType::cuda ? "CUDA events" : "wall clock");
   std::printf("  check      %s\n", plan.describe(c).c_str());
-  for (const CheckResult& r : checks) {
-    std::printf("    %-6s max abs err %-9s  tol %-9s (max |ref| %s)  %s", r.name.c_str(),
-                r.cmp.nonfinite ? "non-finite" : format_sci(r.cmp.max_abs).c_str(),
-                format_sci(r.tol.bound(r.cmp.max_ref)).c_str(), format_g(r.cmp.max_ref).c_str(),
-                r.pass() ? "PASS" : "FAIL");
-    if (!r.pass() && r.cmp.worst >= 0) std::printf("  at %s", index_string(r.cmp.worst, r.dims).c_str());
-    if (!r.note.empty()) std::printf("  (%s)", r.note.c_str());
-    std::printf("\n");
-  }
+  print_checks(checks);
   std::printf("  result     %s\n", !plan.enabled ? "not checked" : pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }
