@@ -229,6 +229,25 @@ struct Report {
   std::string dbias_note;
 };
 
+// One rank's outputs against its rows (queries) and keys of the single-device run; dbias where
+// the rank holds whole elements of it (a bias broadcast over the query rows gives each rank a
+// part of a sum: the callers handle that).
+void fold_rank(Report& rep, const RankTensors& t, const Expected& expected, const Partition& qp,
+               const Partition& kp, int r, const ShapeConfig& c) {
+  const std::string label = "rank " + std::to_string(r);
+  fold(rep.checks, "out", t.out.download(), shard_rows(expected.out, qp, r), rep.dtype, false,
+       label);
+  fold(rep.checks, "lse", t.lse.download(), shard_rows(expected.lse, qp, r), rep.dtype, false,
+       label);
+  fold(rep.checks, "dq", t.dq.download(), shard_rows(expected.dq, qp, r), rep.dtype, true, label);
+  fold(rep.checks, "dk", t.dk.download(), shard_rows(expected.dk, kp, r), rep.dtype, true, label);
+  fold(rep.checks, "dv", t.dv.download(), shard_rows(expected.dv, kp, r), rep.dtype, true, label);
+  if (c.bias.present && !c.bias.bcast_q) {
+    fold(rep.checks, "dbias", t.dbias.download(), shard_bias(expected.dbias, qp, r), rep.dtype,
+         true, label);
+  }
+}
+
 int print_report(const ContextParallelRun& run, const Report& rep, const Partition& qp,
                  const Partition& kp) {
   const ShapeConfig& c = run.shape;
@@ -353,19 +372,9 @@ int run_local(const ContextParallelRun& run, Device device, const Partition& qp,
   }
   HostArray dbias_sum;
   for (int r = 0; r < n; ++r) {
-    const std::string label = "rank " + std::to_string(r);
     const RankTensors& t = ranks[r];
-    fold(rep.checks, "out", t.out.download(), shard_rows(expected.out, qp, r), rep.dtype, false,
-         label);
-    fold(rep.checks, "lse", t.lse.download(), shard_rows(expected.lse, qp, r), rep.dtype, false,
-         label);
-    fold(rep.checks, "dq", t.dq.download(), shard_rows(expected.dq, qp, r), rep.dtype, true, label);
-    fold(rep.checks, "dk", t.dk.download(), shard_rows(expected.dk, kp, r), rep.dtype, true, label);
-    fold(rep.checks, "dv", t.dv.download(), shard_rows(expected.dv, kp, r), rep.dtype, true, label);
-    if (c.bias.present && !c.bias.bcast_q) {
-      fold(rep.checks, "dbias", t.dbias.download(), shard_bias(expected.dbias, qp, r), rep.dtype,
-           true, label);
-    } else if (c.bias.present) {  // each rank holds its rows' part of the sum: add them up
+    fold_rank(rep, t, expected, qp, kp, r, c);
+    if (c.bias.present && c.bias.bcast_q) {  // each rank holds its rows' part of the sum
       const HostArray part = t.dbias.download();
       if (r == 0) {
         dbias_sum = HostArray(DType::f64, part.shape);
@@ -490,19 +499,8 @@ int run_nccl_rank(const ContextParallelRun& run, const LaunchEnv& env, const Par
   rep.dtype = whole.dtype;
   rep.fwd_ms = res.fwd_ms;
   rep.bwd_ms = res.bwd_ms;
-  const int r = env.rank;
-  const std::string label = "rank " + std::to_string(r);
-  fold(rep.checks, "out", t.out.download(), shard_rows(expected.out, qp, r), rep.dtype, false,
-       label);
-  fold(rep.checks, "lse", t.lse.download(), shard_rows(expected.lse, qp, r), rep.dtype, false,
-       label);
-  fold(rep.checks, "dq", t.dq.download(), shard_rows(expected.dq, qp, r), rep.dtype, true, label);
-  fold(rep.checks, "dk", t.dk.download(), shard_rows(expected.dk, kp, r), rep.dtype, true, label);
-  fold(rep.checks, "dv", t.dv.download(), shard_rows(expected.dv, kp, r), rep.dtype, true, label);
-  if (c.bias.present && !c.bias.bcast_q) {
-    fold(rep.checks, "dbias", t.dbias.download(), shard_bias(expected.dbias, qp, r), rep.dtype,
-         true, label);
-  } else if (c.bias.present) {
+  fold_rank(rep, t, expected, qp, kp, env.rank, c);
+  if (c.bias.present && c.bias.bcast_q) {
     rep.dbias_note =
         "dbias broadcasts over the query rows: this rank holds only its rows' part of "
         "the sum (not checked here)";
