@@ -90,8 +90,11 @@ def _empty_in_layout_of(like: torch.Tensor, last) -> torch.Tensor:
     return storage.permute(logical)
 
 
+# q_start, k_start and kv_block (a call placed in a larger attention, for context parallelism)
+# change no shape.
 @torch.library.register_fake("memeff::fwd")
-def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, generator=None):
+def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, generator=None, *,
+              q_start=0, k_start=0, kv_block=False):
     out = _empty_in_layout_of(q, v.shape[3])
     lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
     drawn = 2 if dropout_p > 0 and rng_state is None else 0
@@ -100,7 +103,7 @@ def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, gene
 
 @torch.library.register_fake("memeff::bwd")
 def _bwd_fake(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
-              backends):
+              backends, *, q_start=0, k_start=0, kv_block=False):
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty((0,))
     return (_empty_in_layout_of(q, q.shape[3]), _empty_in_layout_of(k, k.shape[3]),
             _empty_in_layout_of(v, v.shape[3]), dbias)
@@ -125,6 +128,11 @@ def _varlen_bwd_fake(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 @torch.library.register_fake("memeff::dropout_mask")
 def _dropout_mask_fake(rng_state, shape, dropout_p):
     return torch.empty(shape, dtype=torch.bool, device=rng_state.device)
+
+
+@torch.library.register_fake("memeff::draw_rng_state")
+def _draw_rng_state_fake(like, generator=None):
+    return torch.empty((2,), dtype=torch.int64, device="cpu")
 
 
 # ---------------------------------------------------------------------------------------------
