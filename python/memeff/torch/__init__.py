@@ -1,5 +1,7 @@
-"""memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff, and
-``varlen_attention`` for packed variable-length sequences (``torch.ops.memeff.varlen_fwd``).
+"""memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff,
+``varlen_attention`` for packed variable-length sequences (``torch.ops.memeff.varlen_fwd``) and
+``context_parallel_attention``, ring attention over a torch.distributed group
+(memeff.torch.context_parallel).
 
 The ops (``torch.ops.memeff.fwd``, ``.bwd``, ``.varlen_fwd``, ``.varlen_bwd``, ``.dropout_mask``,
 ...) and the autograd kernels of ``fwd`` and ``varlen_fwd`` are registered in C++ (memeff._C), so
@@ -41,6 +43,9 @@ __all__ = [
     "backend_names",
     "version",
     "DropoutThreshold",
+    "context_parallel_attention",
+    "context_parallel_shard",
+    "context_parallel_unshard",
 ]
 
 _ops = torch.ops.memeff
@@ -406,6 +411,11 @@ def use_backends(*names: str):
         _backend_order = saved
 
 
+def _current_backends() -> Tuple[str, ...]:
+    """The allow-list of use_backends now (read at call time by memeff.torch.context_parallel)."""
+    return _backend_order
+
+
 def backend_names() -> List[str]:
     """The backends compiled into this build ("reference", "cpu", "cuda_sm90", "cuda", ...)."""
     return list(_ops.backend_names())
@@ -417,3 +427,5 @@ def version() -> str:
 
 
 from . import hf  # noqa: E402  (memeff.torch.hf.register(): transformers is imported only there)
+from .context_parallel import (  # noqa: E402  (it uses the helpers above)
+    context_parallel_attention, context_parallel_shard, context_parallel_unshard)
