@@ -111,9 +111,12 @@ choose_compilers()
 with_cuda = build_with_cuda()
 version = project_version()
 
-cxx_sources = sources("src/core/*.cpp", "src/cpu/*.cpp") + [
+# Of the context-parallel layer (src/cp) only the cut and the schedule: the PyTorch ring moves its
+# blocks with torch.distributed and merges them with torch ops (memeff/torch/context_parallel.py).
+cxx_sources = sources("src/core/*.cpp", "src/cpu/*.cpp", "src/cp/partition.cpp") + [
     os.path.join(HERE, "csrc", "ops.cpp"),
     os.path.join(HERE, "csrc", "autograd.cpp"),
+    os.path.join(HERE, "csrc", "cp_ops.cpp"),
     os.path.join(HERE, "csrc", "module.cpp"),
 ]
 if not os.path.exists(os.path.join(ROOT, "src", "core", "dispatch.cpp")):

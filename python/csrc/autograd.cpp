@@ -11,6 +11,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -26,12 +27,12 @@ using torch::autograd::variable_list;
 using FwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>,
-    std::vector<std::string>, std::optional<at::Generator>);
+    std::vector<std::string>, std::optional<at::Generator>, std::int64_t, std::int64_t, bool);
 using BwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>, bool,
-    std::vector<std::string>);
+    std::vector<std::string>, std::int64_t, std::int64_t, bool);
 
 const c10::TypedOperatorHandle<FwdSchema>& fwd_op() {
   static const auto op =
@@ -50,20 +51,25 @@ std::optional<at::Tensor> defined_or_none(const at::Tensor& t) {
 }
 
 // Forward inputs, in order: q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
-// generator; outputs: out, lse, the drawn rng_state (lse and the state are not differentiable).
+// generator, q_start, k_start, kv_block; outputs: out, lse, the drawn rng_state (lse and the
+// state are not differentiable). With global coordinates the backward uses the same ones: the
+// gradient of this call's own out (a kv_block call's out is its block's partial result, so its
+// gradient is that of the partial result too).
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
-  static constexpr std::size_t kInputs = 10;
+  static constexpr std::size_t kInputs = 13;
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& bias,
                                const std::optional<at::Tensor>& rng_state, double dropout_p,
                                c10::string_view causal, std::optional<double> scale,
                                std::vector<std::string> backends,
-                               std::optional<at::Generator> generator) {
+                               std::optional<at::Generator> generator, std::int64_t q_start,
+                               std::int64_t k_start, bool kv_block) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse, drawn] = fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale,
-                                           backends, std::move(generator));
+    auto [out, lse, drawn] =
+        fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
+                      std::move(generator), q_start, k_start, kv_block);
     const bool given = rng_state.has_value() && rng_state->defined();
     ctx->save_for_backward({q, k, v, bias.value_or(at::Tensor()), out, lse,
                             dropout_p > 0.0 ? (given ? *rng_state : drawn) : at::Tensor()});
@@ -74,6 +80,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["causal"] = std::string(causal);
     if (scale) ctx->saved_data["scale"] = *scale;
     if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
+    if (q_start != 0) ctx->saved_data["q_start"] = q_start;
+    if (k_start != 0) ctx->saved_data["k_start"] = k_start;
+    if (kv_block) ctx->saved_data["kv_block"] = true;
     return {std::move(out), std::move(lse), std::move(drawn)};
   }
 
@@ -89,6 +98,10 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto scale = data.find("scale");
     const auto backends = data.find("backends");
     const std::string causal = data.at("causal").toStringRef();
+    auto int_or_zero = [&](const char* key) {
+      const auto it = data.find(key);
+      return it == data.end() ? std::int64_t{0} : it->second.toInt();
+    };
     // Past the Autograd key unless a graph of the backward is wanted (create_graph): its boxed
     // not-implemented fallback costs more than the rest of this function.
     std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
@@ -99,7 +112,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         scale == data.end() ? std::nullopt : std::optional<double>(scale->second.toDouble()),
         bias_grad,
         backends == data.end() ? std::vector<std::string>()
-                               : backends->second.to<std::vector<std::string>>());
+                               : backends->second.to<std::vector<std::string>>(),
+        int_or_zero("q_start"), int_or_zero("k_start"), data.count("kv_block") != 0);
     grads[0] = std::move(dq);
     grads[1] = std::move(dk);
     grads[2] = std::move(dv);
@@ -112,7 +126,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+    std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
+    std::int64_t k_start, bool kv_block) {
   // Nothing to differentiate (inference, no_grad, or inputs without grad): no graph node, as
   // torch's generated autograd kernels skip theirs.
   const bool bias_grad = bias.has_value() && bias->defined() && bias->requires_grad();
@@ -120,11 +135,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(
       !(q.requires_grad() || k.requires_grad() || v.requires_grad() || bias_grad)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale, std::move(backends),
-                         std::move(generator));
+                         std::move(generator), q_start, k_start, kv_block);
   }
   variable_list outputs = AttentionFunction::apply(q, k, v, bias, rng_state, dropout_p, causal,
-                                                   scale, std::move(backends),
-                                                   std::move(generator));
+                                                   scale, std::move(backends), std::move(generator),
+                                                   q_start, k_start, kv_block);
   return {std::move(outputs[0]), std::move(outputs[1]), std::move(outputs[2])};
 }
 
@@ -137,17 +152,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autocast(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+    std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
+    std::int64_t k_start, bool kv_block) {
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(kDevice);
   std::optional<at::Tensor> cast_bias = bias;
   if (bias && bias->defined() && bias->scalar_type() != at::kFloat) {
     cast_bias = at::autocast::cached_cast(dtype, *bias, kDevice);
   }
-  return fwd_op().call(at::autocast::cached_cast(dtype, q, kDevice),
-                       at::autocast::cached_cast(dtype, k, kDevice),
-                       at::autocast::cached_cast(dtype, v, kDevice), cast_bias, rng_state,
-                       dropout_p, causal, scale, std::move(backends), std::move(generator));
+  return fwd_op().call(
+      at::autocast::cached_cast(dtype, q, kDevice), at::autocast::cached_cast(dtype, k, kDevice),
+      at::autocast::cached_cast(dtype, v, kDevice), cast_bias, rng_state, dropout_p, causal, scale,
+      std::move(backends), std::move(generator), q_start, k_start, kv_block);
 }
 
 // Packed variable-length sequences (memeff::varlen_fwd / varlen_bwd): the same scheme as

@@ -49,6 +49,15 @@ at::Tensor no_state();
 // A CPU int64[2] tensor holding (seed, offset): a drawn state outside CUDA-graph capture.
 at::Tensor cpu_state(std::uint64_t seed, std::uint64_t offset);
 
+// Where a dense call sits in a larger attention (memeff::AttentionArgs::q_start, k_start,
+// kv_block; docs/context_parallel.md): the ops' optional `q_start`, `k_start` and `kv_block`
+// arguments. The defaults are an ordinary call.
+struct BlockCoordinates {
+  std::int64_t q_start = 0;
+  std::int64_t k_start = 0;
+  bool kv_block = false;
+};
+
 // The forward op on `stream` (null on the CPU): reads the caller's `rng_state` when given, else
 // `drawn` (a state the device's kernel drew when needs_draw(), else no_state()), and returns
 // (out [B, Hq, Lq, Dv] in q's layout, lse [B, Hq, Lq] fp32, drawn).
@@ -56,16 +65,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, void* stream);
+    std::vector<std::string> backends, const BlockCoordinates& coords, void* stream);
 
 // Backward on `stream`: returns (dq, dk, dv, dbias), dq/dk/dv in the layouts of q/k/v; dbias
 // is an empty [0] tensor unless `bias_grad` (then it has the bias's own shape, reduced over its
-// broadcast dimensions).
+// broadcast dimensions). With `coords.kv_block`, out and lse are the whole attention's rows and the
+// gradients this key block's share.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends, void* stream);
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
+    const BlockCoordinates& coords, void* stream);
 
 // The packed (variable-length) forward on `stream`: q [total_q, Hq, D], k [total_k, Hkv, D],
 // v [total_k, Hkv, Dv], int32 offsets [S + 1] on the device of q; returns (out [total_q, Hq, Dv]

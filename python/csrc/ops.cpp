@@ -72,7 +72,8 @@ struct Inputs {
 
 Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const std::optional<at::Tensor>& bias, const at::Tensor& rng_state,
-                 double dropout_p, c10::string_view causal, std::optional<double> scale) {
+                 double dropout_p, c10::string_view causal, std::optional<double> scale,
+                 const BlockCoordinates& coords) {
   TORCH_CHECK_VALUE(q.dim() == 4, "argument `q`: expected a [B, Hq, Lq, D] tensor, got ",
                     q.dim(), " dimensions");
   TORCH_CHECK_VALUE(k.dim() == 4, "argument `k`: expected a [B, Hkv, Lk, D] tensor, got ",
@@ -96,6 +97,11 @@ Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   in.args.causal = parse_causal(causal);
   in.args.dropout_p = dropout_p;
   in.args.rng = rng_of(rng_state, dropout_p, q);
+  // memeff validates them (starts >= 0 and in the dropout map's range, no bottom_right) and
+  // names the argument.
+  in.args.q_start = coords.q_start;
+  in.args.k_start = coords.k_start;
+  in.args.kv_block = coords.kv_block;
   return in;
 }
 
@@ -295,10 +301,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, void* stream) {
+    std::vector<std::string> backends, const BlockCoordinates& coords, void* stream) {
   const bool given = rng_state && rng_state->defined();
   const Inputs in =
-      inputs_of(q, k, v, bias, given ? *rng_state : drawn, dropout_p, causal, scale);
+      inputs_of(q, k, v, bias, given ? *rng_state : drawn, dropout_p, causal, scale, coords);
   at::Tensor out = empty_in_layout_of(q, v.size(3));
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   if (is_empty_problem(q, k)) {
@@ -347,10 +353,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends, void* stream) {
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
+    const BlockCoordinates& coords, void* stream) {
   const at::Tensor no_rng;
-  const Inputs in = inputs_of(q, k, v, bias, rng_state ? *rng_state : no_rng, dropout_p, causal,
-                              scale);
+  const Inputs in =
+      inputs_of(q, k, v, bias, rng_state ? *rng_state : no_rng, dropout_p, causal, scale, coords);
   TORCH_CHECK_VALUE(!bias_grad || in.bias.has_value(),
                     "argument `bias_grad`: true, but the call has no bias");
   at::Tensor dq = empty_in_layout_of(q, q.size(3));
@@ -441,19 +448,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+    std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
+    std::int64_t k_start, bool kv_block) {
   return forward_on(q, k, v, bias, rng_state,
                     needs_draw(rng_state, dropout_p) ? draw_cpu_state(generator) : no_state(),
-                    dropout_p, causal, scale, std::move(backends), nullptr);
+                    dropout_p, causal, scale, std::move(backends), {q_start, k_start, kv_block},
+                    nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends) {
-  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale,
-                     bias_grad, std::move(backends), nullptr);
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
+    std::int64_t q_start, std::int64_t k_start, bool kv_block) {
+  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
+                     std::move(backends), {q_start, k_start, kv_block}, nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
@@ -477,6 +487,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   return varlen_backward_on(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             out, lse, rng_state, dropout_p, causal, scale, std::move(backends),
                             nullptr);
+}
+
+// A fresh (seed, offset) from the CPU generator, as the forward op draws it: for callers that
+// need the state before the call (the context-parallel ring shares one over its ranks).
+at::Tensor draw_rng_state_cpu(const at::Tensor& like, std::optional<at::Generator> generator) {
+  (void)like;  // selects the device's generator through the dispatcher
+  return draw_cpu_state(generator);
 }
 
 // The 0/1 keep decisions of a call with this RNG state, as a bool [B, H, Lq, Lk] CPU tensor.
@@ -531,17 +548,28 @@ TORCH_LIBRARY(memeff, m) {
   // `generator` (default: the device's default generator) and returns it as an int64[2] tensor:
   // on the CPU (values), or on the device under CUDA-graph capture (written when the graph
   // runs). Otherwise the third output is an empty int64 tensor.
+  //
+  // The keyword-only q_start, k_start and kv_block place the call in a larger attention
+  // (memeff::AttentionArgs, docs/context_parallel.md): query row i is row q_start + i and key j
+  // key k_start + j of the whole attention, for the dropout mask and for top_left causal
+  // masking; kv_block marks the keys as one block of the whole attention's (the forward is
+  // unchanged; see bwd). The defaults are an ordinary call. Backends that do not implement them
+  // (the CUDA kernels, for now) refuse calls that set them.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? rng_state, float dropout_p, "
-      "str causal, float? scale, str[] backends, Generator? generator=None) -> "
-      "(Tensor out, Tensor lse, Tensor rng_state)",
+      "str causal, float? scale, str[] backends, Generator? generator=None, *, int q_start=0, "
+      "int k_start=0, bool kv_block=False) -> (Tensor out, Tensor lse, Tensor rng_state)",
       {at::Tag::nondeterministic_seeded});
   // Attention backward: dq, dk, dv in the layouts of q, k, v and dbias (an empty [0] tensor
-  // unless bias_grad); rng_state is the forward's (on the CPU or the device).
+  // unless bias_grad); rng_state is the forward's (on the CPU or the device). q_start, k_start
+  // as for fwd; with kv_block, `out` and `lse` are the *whole* attention's (its rows of them)
+  // and the results are this key block's share of the gradients, summed over the blocks by the
+  // caller (FlashAttention-2's backward; the single-key dS = 0 shortcut is off).
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor out, Tensor lse, "
       "Tensor? rng_state, float dropout_p, str causal, float? scale, bool bias_grad, "
-      "str[] backends) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
+      "str[] backends, *, int q_start=0, int k_start=0, bool kv_block=False) -> "
+      "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
   // Packed variable-length sequences (memeff::PackedSequences): q [total_q, Hq, D],
   // k [total_k, Hkv, D], v [total_k, Hkv, Dv], int32 offsets [S + 1] on the device of q.
   // out [total_q, Hq, Dv] in q's memory layout, lse [Hq, total_q] fp32, and the drawn state as
@@ -561,6 +589,11 @@ TORCH_LIBRARY(memeff, m) {
       "Tensor? rng_state, float dropout_p, str causal, float? scale, str[] backends) -> "
       "(Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_mask(Tensor rng_state, int[] shape, float dropout_p) -> Tensor");
+  // A fresh (seed, offset) as fwd draws it with dropout and no rng_state, from `generator` (the
+  // default generator of like's device when None): the int64[2] state on the CPU, or on the
+  // device under CUDA-graph capture. `like` only selects the device.
+  m.def("draw_rng_state(Tensor like, Generator? generator=None) -> Tensor",
+        {at::Tag::nondeterministic_seeded});
   m.def("dropout_threshold(float dropout_p) -> (int, float, float)",
         &memeff_torch::dropout_threshold_op);
   m.def("last_backends() -> str[]", &memeff_torch::last_backends_op);
@@ -574,4 +607,5 @@ TORCH_LIBRARY_IMPL(memeff, CPU, m) {
   m.impl("varlen_fwd", &memeff_torch::varlen_fwd_cpu);
   m.impl("varlen_bwd", &memeff_torch::varlen_bwd_cpu);
   m.impl("dropout_mask", &memeff_torch::dropout_mask_cpu);
+  m.impl("draw_rng_state", &memeff_torch::draw_rng_state_cpu);
 }

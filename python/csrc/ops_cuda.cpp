@@ -56,21 +56,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, std::optional<at::Generator> generator) {
+    std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
+    std::int64_t k_start, bool kv_block) {
   const c10::cuda::CUDAGuard guard(q.device());
   return forward_on(q, k, v, bias, rng_state,
                     needs_draw(rng_state, dropout_p) ? draw_cuda_state(q, generator) : no_state(),
-                    dropout_p, causal, scale, std::move(backends), current_stream(q));
+                    dropout_p, causal, scale, std::move(backends), {q_start, k_start, kv_block},
+                    current_stream(q));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends) {
+    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
+    std::int64_t q_start, std::int64_t k_start, bool kv_block) {
   const c10::cuda::CUDAGuard guard(q.device());
-  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale,
-                     bias_grad, std::move(backends), current_stream(q));
+  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
+                     std::move(backends), {q_start, k_start, kv_block}, current_stream(q));
+}
+
+at::Tensor draw_rng_state_cuda(const at::Tensor& like, std::optional<at::Generator> generator) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  return draw_cuda_state(like, generator);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
@@ -117,4 +125,5 @@ TORCH_LIBRARY_IMPL(memeff, CUDA, m) {
   m.impl("bwd", &memeff_torch::bwd_cuda);
   m.impl("varlen_fwd", &memeff_torch::varlen_fwd_cuda);
   m.impl("varlen_bwd", &memeff_torch::varlen_bwd_cuda);
+  m.impl("draw_rng_state", &memeff_torch::draw_rng_state_cuda);
 }

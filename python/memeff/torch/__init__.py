@@ -1,5 +1,7 @@
-"""memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff, and
-``varlen_attention`` for packed variable-length sequences (``torch.ops.memeff.varlen_fwd``).
+"""memeff for PyTorch: a drop-in ``scaled_dot_product_attention`` backed by torch.ops.memeff,
+``varlen_attention`` for packed variable-length sequences (``torch.ops.memeff.varlen_fwd``) and
+``context_parallel_attention``, ring attention over a torch.distributed group
+(memeff.torch.context_parallel).
 
 The ops (``torch.ops.memeff.fwd``, ``.bwd``, ``.varlen_fwd``, ``.varlen_bwd``, ``.dropout_mask``,
 ...) and the autograd kernels of ``fwd`` and ``varlen_fwd`` are registered in C++ (memeff._C), so
@@ -41,6 +43,9 @@ __all__ = [
     "backend_names",
     "version",
     "DropoutThreshold",
+    "context_parallel_attention",
+    "context_parallel_shard",
+    "context_parallel_unshard",
 ]
 
 _ops = torch.ops.memeff
@@ -90,8 +95,11 @@ def _empty_in_layout_of(like: torch.Tensor, last) -> torch.Tensor:
     return storage.permute(logical)
 
 
+# q_start, k_start and kv_block (a call placed in a larger attention, for context parallelism)
+# change no shape.
 @torch.library.register_fake("memeff::fwd")
-def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, generator=None):
+def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, generator=None, *,
+              q_start=0, k_start=0, kv_block=False):
     out = _empty_in_layout_of(q, v.shape[3])
     lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
     drawn = 2 if dropout_p > 0 and rng_state is None else 0
@@ -100,7 +108,7 @@ def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, gene
 
 @torch.library.register_fake("memeff::bwd")
 def _bwd_fake(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
-              backends):
+              backends, *, q_start=0, k_start=0, kv_block=False):
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty((0,))
     return (_empty_in_layout_of(q, q.shape[3]), _empty_in_layout_of(k, k.shape[3]),
             _empty_in_layout_of(v, v.shape[3]), dbias)
@@ -125,6 +133,11 @@ def _varlen_bwd_fake(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 @torch.library.register_fake("memeff::dropout_mask")
 def _dropout_mask_fake(rng_state, shape, dropout_p):
     return torch.empty(shape, dtype=torch.bool, device=rng_state.device)
+
+
+@torch.library.register_fake("memeff::draw_rng_state")
+def _draw_rng_state_fake(like, generator=None):
+    return torch.empty((2,), dtype=torch.int64, device="cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,6 +411,11 @@ def use_backends(*names: str):
         _backend_order = saved
 
 
+def _current_backends() -> Tuple[str, ...]:
+    """The allow-list of use_backends now (read at call time by memeff.torch.context_parallel)."""
+    return _backend_order
+
+
 def backend_names() -> List[str]:
     """The backends compiled into this build ("reference", "cpu", "cuda_sm90", "cuda", ...)."""
     return list(_ops.backend_names())
@@ -409,3 +427,5 @@ def version() -> str:
 
 
 from . import hf  # noqa: E402  (memeff.torch.hf.register(): transformers is imported only there)
+from .context_parallel import (  # noqa: E402  (it uses the helpers above)
+    context_parallel_attention, context_parallel_shard, context_parallel_unshard)
