@@ -343,6 +343,13 @@ def varlen_attention(
     state = rng_state if rng_state is not None else (drawn if p > 0.0 else None)
     if not torch.compiler.is_compiling():
         _thread_state.last_rng_state = None if state is None else (state, q.device)
+    return _with_extras(out, lse, state, q, return_lse, return_rng_state)
+
+
+def _with_extras(out: torch.Tensor, lse: torch.Tensor, state: Optional[torch.Tensor],
+                 q: torch.Tensor, return_lse: bool, return_rng_state: bool):
+    """out alone, or (out, lse), (out, rng_state), (out, lse, rng_state) by the return_* flags;
+    the state on q's device (None without dropout)."""
     if not (return_lse or return_rng_state):
         return out
     result = [out]

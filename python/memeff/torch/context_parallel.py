@@ -17,7 +17,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _C  # noqa: F401  (loading the library registers torch.ops.memeff)
-from . import _causal_mode, _current_backends
+from . import _causal_mode, _current_backends, _with_extras
 
 __all__ = [
     "context_parallel_attention",
@@ -507,17 +507,7 @@ def context_parallel_attention(
                  None if scale is None else float(scale), list(_current_backends()))
     with torch.autocast(device_type, enabled=False):
         out, lse = _RingAttention.apply(q, k, v, bias, ring)
-
-    if not (return_lse or return_rng_state):
-        return out
-    result = [out]
-    if return_lse:
-        result.append(lse)
-    if return_rng_state:
-        if state is not None and state.device != q.device:
-            state = state.to(q.device)
-        result.append(state)
-    return tuple(result)
+    return _with_extras(out, lse, state, q, return_lse, return_rng_state)
 
 
 def _checked_bias(bias: torch.Tensor, q: torch.Tensor, k_length: int) -> torch.Tensor:
