@@ -1,7 +1,8 @@
 // libFuzzer target over the argument space of forward() and backward(): ranks, sizes (small,
 // zero, negative, huge), strides (zero, negative, overlapping), misaligned and null pointers,
 // dtypes, devices, outputs aliasing inputs, bias shapes and broadcast patterns, dropout p (NaN,
-// 1, negative), scale (NaN, inf), causal modes and packed sequences (offsets good and bad). Every input must either raise memeff::Error
+// 1, negative), scale (NaN, inf), causal modes, packed sequences (offsets good and bad) and
+// global coordinates (q_start, k_start, kv_block). Every input must either raise memeff::Error
 // naming an argument, or run on the reference and cpu backends with results that agree; anything
 // else (a crash, a sanitizer report, another exception, a disagreement) aborts. Problems stay
 // tiny (at most kMaxElements per tensor) so each input runs in well under a millisecond.
@@ -424,6 +425,13 @@ void run_one(FuzzedDataProvider& in) {
       l = a.view(lse);
     }
   };
+  // Global coordinates (a context-parallel block call) in one input of four: starts small,
+  // unaligned to the 64-key dropout blocks, negative or past the map's range; kv_block on or off.
+  if (in.ConsumeIntegralInRange(0, 3) == 0) {
+    args.q_start = in.PickValueInArray<std::int64_t>({0, 1, 5, 64, 130, -3, std::int64_t{1} << 32});
+    args.k_start = in.PickValueInArray<std::int64_t>({0, 1, 63, 64, 200, -1, std::int64_t{1} << 36});
+    args.kv_block = in.ConsumeBool();
+  }
   AttentionArgs call;
   BackwardTensors grads;
   TensorView o, l;
