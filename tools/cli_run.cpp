@@ -366,6 +366,20 @@ TimedPasses time_passes(const RunConfig& rc, Device device, const AttentionArgs&
   return t;
 }
 
+// The checks as the JSON report gives them: max_abs_err (NaN when non-finite), tolerance and
+// max_abs_ref, each an object keyed by output name.
+void add_checks_json(Json& j, const std::vector<CheckResult>& checks) {
+  Json errors = Json::object(), tolerances = Json::object(), refs = Json::object();
+  for (const CheckResult& r : checks) {
+    errors[r.name] = r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs;
+    tolerances[r.name] = r.tol.bound(r.cmp.max_ref);
+    refs[r.name] = r.cmp.max_ref;
+  }
+  j["max_abs_err"] = errors;
+  j["tolerance"] = tolerances;
+  j["max_abs_ref"] = refs;
+}
+
 void print_checks(const std::vector<CheckResult>& checks) {
   for (const CheckResult& r : checks) {
     std::printf("    %-6s max abs err %-9s  tol %-9s (max |ref| %s)  %s", r.name.c_str(),
@@ -542,11 +556,6 @@ int run_packed(const RunConfig& rc) {
                                 std::to_string(S) + " sequences (--check full checks all)");
 
   if (rc.json) {
-    Json errors = Json::object(), tolerances = Json::object();
-    for (const CheckResult& r : checks) {
-      errors[r.name] = r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs;
-      tolerances[r.name] = r.tol.bound(r.cmp.max_ref);
-    }
     Json j;
     j["backend"] = fwd_info.backend;
     j["backend_backward"] = bwd_info.backend;
@@ -569,8 +578,7 @@ int run_packed(const RunConfig& rc) {
     j["fwd_tflops"] = fwd_tflops;
     j["bwd_tflops"] = bwd_tflops;
     j["check"] = check_text;
-    j["max_abs_err"] = errors;
-    j["tolerance"] = tolerances;
+    add_checks_json(j, checks);
     j["pass"] = pass;
     std::printf("%s\n", json_text(j).c_str());
     return pass ? 0 : 1;
@@ -656,12 +664,6 @@ int run_command(const std::vector<std::string>& argv) {
 
   const DropoutThreshold dt = dropout_threshold(c.dropout);
   if (rc.json) {
-    Json errors = Json::object(), tolerances = Json::object(), refs = Json::object();
-    for (const CheckResult& r : checks) {
-      errors[r.name] = r.cmp.nonfinite ? std::nan("") : r.cmp.max_abs;
-      tolerances[r.name] = r.tol.bound(r.cmp.max_ref);
-      refs[r.name] = r.cmp.max_ref;
-    }
     Json j;
     j["backend"] = fwd_info.backend;
     j["backend_backward"] = bwd_info.backend;
@@ -691,9 +693,7 @@ int run_command(const std::vector<std::string>& argv) {
     j["workspace_fwd_bytes"] = static_cast<std::uint64_t>(ws_fwd);
     j["workspace_bwd_bytes"] = static_cast<std::uint64_t>(ws_bwd);
     j["check"] = plan.describe(c);
-    j["max_abs_err"] = errors;
-    j["tolerance"] = tolerances;
-    j["max_abs_ref"] = refs;
+    add_checks_json(j, checks);
     j["pass"] = pass;
     std::printf("%s\n", json_text(j).c_str());
     return pass ? 0 : 1;

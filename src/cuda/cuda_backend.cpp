@@ -27,12 +27,6 @@ using cuda::BackwardParams;
 using cuda::ForwardParams;
 using cuda::Strides;
 
-// The kernels read lse rows as contiguous floats: [B, Hq, Lq] dense, [Hq, total_q] packed.
-bool lse_rows_contiguous(const TensorView& lse) {
-  const int last = lse.rank - 1;
-  return lse.shape[last] <= 1 || lse.stride[last] == 1;
-}
-
 class CudaBackend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda"; }
@@ -72,10 +66,6 @@ class CudaBackend final : public CudaBackendBase {
     ForwardParams p;
     fill_from_problem(p, pb);
     fill_from_views(p, args, out, lse);
-    if (!lse_rows_contiguous(lse)) {
-      throw Error(ErrorCode::unsupported,
-                  "cuda forward: lse must have a contiguous last dimension, got " + lse.describe());
-    }
     // Alignment and strides are known only now: refuse with the kernel's reasons.
     const ComputeCapability cc = compute_capability(pb.device.index);
     const std::vector<std::string> reasons = cuda::forward_unsupported(p, cc.major, cc.minor);
@@ -92,10 +82,6 @@ class CudaBackend final : public CudaBackendBase {
     check_packed_offsets(args, pb, stream);
     if (backward_empty_edges(pb, g, stream)) return;
     const BackwardParams p = backward_params(pb, args, g, options);
-    if (!lse_rows_contiguous(g.lse)) {
-      throw Error(ErrorCode::unsupported,
-                  "cuda backward: lse must have a contiguous last dimension, got " + g.lse.describe());
-    }
     const ComputeCapability cc = compute_capability(pb.device.index);
     const std::vector<std::string> reasons = cuda::backward_unsupported(p, cc.major, cc.minor);
     if (!reasons.empty()) {

@@ -20,13 +20,6 @@
 namespace memeff::detail {
 namespace {
 
-// Whether lse's rows (dense [B, Hq, Lq]: the last dimension; packed [Hq, total_q]: the packed
-// query rows) are contiguous, as the kernels write and the preprocess reads them.
-bool lse_rows_contiguous(const TensorView& lse) {
-  const int last = lse.rank - 1;
-  return lse.shape[last] <= 1 || lse.stride[last] == 1;
-}
-
 class CudaSm90Backend final : public CudaBackendBase {
  public:
   std::string name() const override { return "cuda_sm90"; }
@@ -68,11 +61,6 @@ class CudaSm90Backend final : public CudaBackendBase {
     cuda::ForwardParams p;
     fill_from_problem(p, pb);
     fill_from_views(p, args, out, lse);
-    if (!lse_rows_contiguous(lse)) {
-      throw Error(
-          ErrorCode::unsupported,
-          "cuda_sm90 forward: lse must have a contiguous last dimension, got " + lse.describe());
-    }
     // Alignment and strides are known only now: refuse with the kernel's reasons.
     const ComputeCapability cc = compute_capability(pb.device.index);
     const std::vector<std::string> reasons = cuda::sm90_forward_unsupported(p, cc.major, cc.minor);
@@ -95,11 +83,6 @@ class CudaSm90Backend final : public CudaBackendBase {
     // accumulator).
     if (backward_empty_edges(pb, g, stream)) return;
     const cuda::BackwardParams p = backward_params(pb, args, g, options);
-    if (!lse_rows_contiguous(g.lse)) {
-      throw Error(ErrorCode::unsupported,
-                  "cuda_sm90 backward: lse must have a contiguous last dimension, got " +
-                      g.lse.describe());
-    }
     const ComputeCapability cc = compute_capability(pb.device.index);
     const std::vector<std::string> reasons = cuda::sm90_backward_unsupported(p, cc.major, cc.minor);
     if (!reasons.empty()) {
