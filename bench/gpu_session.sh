@@ -36,15 +36,27 @@ small+=":$fwd.AwkwardLengthsSquare/cuda_sm90:$fwd.BiasBroadcastEachWayBothDtypes
 small+=":$bwd.SeedAndOffsetFromDeviceMemory/*:$bwd.BlhdStridesAndHalf/cuda_sm90"
 small+=":$bwd.DeterministicIsBitwiseRepeatable/cuda_sm90:$bwd.SingleVisibleKeyGivesExactlyZeroDs/cuda_sm90"
 small+=":CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
+# The packed and global-coordinate paths (never run before their first device session).
+small+=":Backends/CudaPacked.BadOffsetsOnTheDeviceAreNamed/*:Backends/CudaPacked.KeysOfOtherLengths*/*"
+small+=":Backends/CudaGlobalCoordinates.KeyStartsOffTheDropoutBlocks/*"
 for tool in memcheck racecheck synccheck; do
   step "compute-sanitizer $tool"
-  timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+  timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
     "$bin/tests/memeff_gpu_tests" --gtest_brief=1 --gtest_filter="$small" > "$out/sanitizer_$tool.log" 2>&1
   echo "$tool exit $? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
 done
 
 step "memeff run (defaults)"
 timeout 60 "$bin/tools/memeff" run 2>&1 | tee "$out/run.log"
+# Packed sequences and context parallelism on one GPU (their kernel paths are gated until run:
+# backend_util.h), each checked by the program against the reference / the single-device run.
+step "memeff run --seqlens (packed), --context-parallel 4 --cp-transport local"
+MEMEFF_UNVERIFIED_KERNELS=1 timeout 60 "$bin/tools/memeff" run --device cuda \
+  --seqlens 17,512,1000,3000,1 --dropout 0.1 2>&1 | tee "$out/run_packed.log"
+for n in 2 4; do
+  MEMEFF_UNVERIFIED_KERNELS=1 timeout 60 "$bin/tools/memeff" run --device cuda \
+    --context-parallel $n --cp-transport local 2>&1 | tee -a "$out/run_cp.log"
+done
 
 shapes=(32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1
         1,16,16384,16384,128,1 8,32,2048,2048,128,0,8 8,16,2048,2048,96,0 4,16,2048,2048,256,0)

@@ -21,6 +21,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "cli_json.h"
 #include "cli_problem.h"
@@ -603,10 +604,20 @@ int run_context_parallel(const ContextParallelRun& run) {
   if (run.transport != "auto" && run.transport != "local" && run.transport != "nccl") {
     throw UsageError("--cp-transport: expected auto, local or nccl, got `" + run.transport + "`");
   }
-  const Partition qp(c.Lq, run.ranks, layout), kp(c.lk(), run.ranks, layout);
+  // On a GPU every chunk starts on the dropout map's 64-key blocks: the fused kernels take block
+  // calls with dropout only there (elsewhere they would fall to cuda_math). The CPU keeps the
+  // even cut, whose uneven starts its tests are about.
+  auto cut = [&](bool gpu) {
+    const std::int64_t align = gpu ? 64 : 1;
+    return std::pair{Partition(c.Lq, run.ranks, layout, align),
+                     Partition(c.lk(), run.ranks, layout, align)};
+  };
 
   const std::optional<LaunchEnv> env = launch_env();
-  if (env) return run_nccl_rank(run, *env, qp, kp);  // a launched rank: NCCL whatever the flags say
+  if (env) {  // a launched rank: NCCL (GPUs) whatever the flags say
+    const auto [qp, kp] = cut(true);
+    return run_nccl_rank(run, *env, qp, kp);
+  }
   std::string device_note;
   const Device device = resolve_device(run.device, &device_note);
   if (!device_note.empty() && !run.json)
@@ -619,6 +630,7 @@ int run_context_parallel(const ContextParallelRun& run) {
     }
     return launch_ranks(run);
   }
+  const auto [qp, kp] = cut(device.type == DeviceType::cuda);
   return run_local(run, device, qp, kp);
 }
 

@@ -4,7 +4,7 @@
 # compares out, lse, dq, dk, dv (and dbias), unsharded, with the single-process dense op for the
 # same (seed, offset). The dropout mask is read off the ring's outputs (q = 0, V and dO the
 # identity) and compared with dropout_mask, element by element. The same checks run over NCCL
-# where there are enough GPUs and the CUDA kernels take block calls.
+# where there are enough GPUs; the block calls themselves are checked on one GPU too.
 import datetime
 import json
 import os
@@ -332,13 +332,6 @@ def cuda_report():
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 2 or not dist.is_available() or not dist.is_nccl_available():
         pytest.skip("needs >= 2 CUDA devices and NCCL")
-    # The CUDA kernels refuse block calls (global coordinates) until they implement them
-    # (docs/context_parallel.md, "For the CUDA kernels"); then this runs by itself.
-    q = torch.randn(1, 1, 64, 64, device="cuda")
-    try:
-        torch.ops.memeff.fwd(q, q, q, None, None, 0.0, "none", None, [], None, q_start=64)
-    except NotImplementedError as e:
-        pytest.skip(f"the CUDA backends do not take block calls yet: {e}")
     return _run_world(min(count, WORLD), "nccl", "cuda")
 
 
@@ -430,3 +423,38 @@ def test_block_calls_on_the_dense_op_match_slices_of_one_call():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     with pytest.raises(ValueError, match="q_start"):
         ops.fwd(q, k, v, None, *args, q_start=-1)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cuda_sm90", "cuda_math"])
+def test_block_calls_on_one_gpu_match_slices_of_one_call(backend):
+    # The same on each CUDA backend, bf16, with dropout and GQA: key blocks start on the dropout
+    # map's 64-key blocks (the fused kernels' condition), query slices anywhere.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if backend == "cuda_sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_sm90 runs on compute capability 9.0 only")
+    gen = torch.Generator().manual_seed(4)
+    q, dout = (torch.randn(2, 4, 200, 64, generator=gen) for _ in range(2))
+    k, v = (torch.randn(2, 2, 200, 64, generator=gen) for _ in range(2))
+    q, k, v, dout = (t.to("cuda", torch.bfloat16) for t in (q, k, v, dout))
+    state = torch.tensor([21, 22])
+    ops = torch.ops.memeff
+    args = (state, 0.2, "top_left", None, [backend])
+    out, lse, _ = ops.fwd(q, k, v, None, *args)
+    part, part_lse, _ = ops.fwd(q[:, :, 37:150], k, v, None, *args, q_start=37)
+    torch.testing.assert_close(part, out[:, :, 37:150], rtol=0, atol=1e-2)
+    torch.testing.assert_close(part_lse, lse[:, :, 37:150], rtol=0, atol=1e-4)
+    dq, dk, dv, _ = ops.bwd(dout, q, k, v, None, out, lse, state, 0.2, "top_left", None, False,
+                            [backend])
+    sums = [torch.zeros_like(t, dtype=torch.float32) for t in (dq, dk, dv)]
+    for start, stop in ((0, 64), (64, 192), (192, 200)):
+        block = slice(start, stop)
+        bdq, bdk, bdv, _ = ops.bwd(dout, q, k[:, :, block], v[:, :, block], None, out, lse, state,
+                                   0.2, "top_left", None, False, [backend], k_start=start,
+                                   kv_block=True)
+        sums[0] += bdq.float()
+        sums[1][:, :, block] += bdk.float()
+        sums[2][:, :, block] += bdv.float()
+    for name, got, want in zip(("dq", "dk", "dv"), sums, (dq, dk, dv)):
+        torch.testing.assert_close(got, want.float(), rtol=2e-2, atol=3e-2,
+                                   msg=lambda m: f"{backend} {name}: {m}")

@@ -66,14 +66,10 @@ std::vector<std::string> reasons_for(const Backend& backend, const Problem& prob
   std::vector<std::string> reasons;
   if (problem.has_global_coordinates() && !backend.supports_global_coordinates()) {
     // A backend that predates q_start/k_start/kv_block would run the call as a standalone
-    // attention: a wrong mask, not an error. The CUDA kernels get them later (the causal shift
-    // is already free there; the dropout coordinates and the single-key rule need the starts).
-    reasons.push_back(backend.device_type() == DeviceType::cuda
-                          ? "global coordinates (q_start, k_start) and kv_block calls: not in the "
-                            "cuda kernels yet (context parallelism runs on the cpu and reference "
-                            "backends for now)"
-                          : "global coordinates (q_start, k_start) and kv_block calls: not "
-                            "supported by this backend (Backend::supports_global_coordinates)");
+    // attention: a wrong mask, not an error.
+    reasons.push_back(
+        "global coordinates (q_start, k_start) and kv_block calls: not supported by this backend "
+        "(Backend::supports_global_coordinates)");
   }
   try {
     std::vector<std::string> own = backend.reasons_unsupported(problem, pass);

@@ -101,6 +101,9 @@ void fill_from_problem(cuda::ForwardParams& p, const Problem& pb) {
   p.keep_scale = static_cast<float>(pb.dropout.keep_scale);
   p.total_q = pb.total_q;  // packed calls (the offsets' pointers come with the views)
   p.total_k = pb.total_k;
+  p.q_start = static_cast<std::uint32_t>(pb.q_start);         // < 2^32 (validation)
+  p.k_block64 = static_cast<std::uint32_t>(pb.k_start / 64);  // exact where it matters (reasons)
+  p.kv_block = pb.kv_block;
 }
 
 void fill_from_views(cuda::ForwardParams& p, const AttentionArgs& args, const TensorView& out,
@@ -281,19 +284,30 @@ std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapabili
     reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
                       ": must be fp32 or the dtype of q");
   }
-  if (pb.packed && !unverified_packed_kernels_enabled()) {
-    reasons.push_back(
-        "packed sequences: the fused kernels for them are written but have not yet run on a GPU "
-        "(no device was available to test them); MEMEFF_UNVERIFIED_PACKED_KERNELS=1 enables them");
+  if (const std::string gate = unverified_kernel_reason(pb); !gate.empty()) {
+    reasons.push_back(gate);
+  }
+  if (pb.has_dropout() && pb.k_start % 64 != 0) {
+    reasons.push_back("k_start " + std::to_string(pb.k_start) +
+                      " with dropout: the fused kernels draw the mask in whole 64-key blocks of "
+                      "the global keys, so k_start must be a multiple of 64 (cuda_math takes any)");
   }
   cc = compute_capability(pb.device.index);
   if (!cc.ok) reasons.push_back(cc.error);
   return reasons;
 }
 
-bool unverified_packed_kernels_enabled() {
-  const char* env = std::getenv("MEMEFF_UNVERIFIED_PACKED_KERNELS");
-  return env != nullptr && std::string(env) == "1";
+std::string unverified_kernel_reason(const Problem& pb) {
+  const char* env = std::getenv("MEMEFF_UNVERIFIED_KERNELS");
+  if (env != nullptr && std::string(env) == "1") return {};
+  const char* what = pb.packed ? "packed sequences"
+                     : pb.has_global_coordinates()
+                         ? "global coordinates (q_start, k_start, kv_block)"
+                         : nullptr;
+  if (what == nullptr) return {};
+  return std::string(what) +
+         ": the CUDA kernel paths for them are written but have not yet run on a GPU (no device "
+         "was available to test them); MEMEFF_UNVERIFIED_KERNELS=1 enables them";
 }
 
 double CudaBackendBase::time_ms(const Problem& problem, const Options& options,

@@ -87,10 +87,12 @@ class StreamWorkspace {
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute
 // capability in `cc` (cc.ok false: its error is already among the reasons).
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc);
-// The fused kernels' packed (varlen) paths were written without a GPU to run them on; until their
-// gpu tests pass on a device they refuse packed calls unless MEMEFF_UNVERIFIED_PACKED_KERNELS=1
-// (read per decision, so a test can set it). Remove with the first device run that passes.
-bool unverified_packed_kernels_enabled();
+// The CUDA kernels' packed (varlen) and global-coordinate (q_start, k_start, kv_block) paths were
+// written without a GPU to run them on; until their gpu tests pass on a device the CUDA backends
+// refuse such calls with this reason unless MEMEFF_UNVERIFIED_KERNELS=1 (read per decision, so a
+// test can set it). Empty when the call is neither or the switch is set. Remove with the first
+// device run that passes.
+std::string unverified_kernel_reason(const Problem& pb);
 
 // The base of the CUDA backends: autotuning times a candidate with CUDA events recorded on
 // options.stream around it (on problem.device), and names the device by its GPU and compute
@@ -98,6 +100,9 @@ bool unverified_packed_kernels_enabled();
 class CudaBackendBase : public Backend {
  public:
   DeviceType device_type() const override { return DeviceType::cuda; }
+  // Every CUDA backend draws the mask and the causal diagonal at the global rows and keys and
+  // honours kv_block (the fused kernels refuse dropout at a k_start off the 64-key blocks).
+  bool supports_global_coordinates() const override { return true; }
   double time_ms(const Problem& problem, const Options& options,
                  const std::function<void()>& run) override;
   std::string device_label(Device device) const override;

@@ -163,6 +163,8 @@ RowParams row_params(const Problem& pb, const AttentionArgs& args, const TensorV
   }
   p.causal = pb.causal == CausalMode::none ? 0 : 1;
   p.causal_shift = pb.causal_shift();
+  p.q_start = pb.q_start;
+  p.k_start = pb.k_start;
   p.dropout = pb.has_dropout();
   p.threshold = pb.dropout.threshold;
   p.keep_scale = static_cast<float>(pb.dropout.keep_scale);
@@ -187,6 +189,9 @@ class CudaMathBackend final : public CudaBackendBase {
       reasons.push_back("packed sequences (cu_seqlens): cuda_math runs dense batches only");
     }
     if (p.dtype == DType::f64) reasons.push_back("fp64 is not supported (fp32, fp16 and bf16 are)");
+    if (const std::string gate = unverified_kernel_reason(p); !gate.empty()) {
+      reasons.push_back(gate);
+    }
     const std::int64_t G = std::max<std::int64_t>(p.group_size(), 1);
     if (G * p.Lq > INT_MAX || p.Lk > INT_MAX || p.D > INT_MAX || p.Dv > INT_MAX) {
       reasons.push_back("a matrix dimension exceeds cuBLAS's 32-bit sizes");

@@ -93,6 +93,9 @@ struct RowParams {
   std::int64_t bias_sb, bias_sh, bias_sq;  // 0 on broadcast dimensions
   int causal;
   std::int64_t causal_shift;
+  // Global coordinates (Problem::q_start, k_start): row i and key j draw the map's row
+  // q_start + i and key k_start + j (any k_start: the map is read element by element).
+  std::int64_t q_start, k_start;
   bool dropout;
   std::uint32_t threshold;
   float keep_scale;
@@ -161,7 +164,9 @@ __global__ void softmax_forward_kernel(float* S, RowParams p) {
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
     float prob = m == -INFINITY ? 0.f : expf(row[j] - m) / sum;
     if (p.dropout) {
-      prob = dropout_keep_element(key, p.threshold, bh, i, j) ? prob * p.keep_scale : 0.f;
+      prob = dropout_keep_element(key, p.threshold, bh, p.q_start + i, p.k_start + j)
+                 ? prob * p.keep_scale
+                 : 0.f;
     }
     row[j] = prob;
   }
@@ -192,7 +197,9 @@ __global__ void dsoftmax_kernel(float* A, float* dP, const float* Dsum, RowParam
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
     const float prob = a[j];
     float z = 1.f;
-    if (p.dropout) z = dropout_keep_element(key, p.threshold, bh, i, j) ? p.keep_scale : 0.f;
+    if (p.dropout)
+      z = dropout_keep_element(key, p.threshold, bh, p.q_start + i, p.k_start + j) ? p.keep_scale
+                                                                                   : 0.f;
     a[j] = prob * z;
     dp[j] = prob * (z * dp[j] - d);
   }

@@ -51,6 +51,19 @@ struct ForwardParams {
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   std::int64_t total_q = 0, total_k = 0;
+
+  // Global coordinates (Problem::q_start, k_start, kv_block; dense calls only, zero otherwise):
+  // query row i and key j draw the dropout map's row q_start + i and key k_start + j, whose
+  // 64-key block is k_block64 + j / 64 (k_start is a multiple of 64 when dropping: the kernels
+  // draw whole blocks). causal_shift above already holds q_start - k_start. kv_block: the
+  // backward's out and lse are a larger attention's, so no row's dS is zeroed for seeing a
+  // single key of this call (it may see more elsewhere). 32-bit like the map's counter words
+  // (validation keeps q_start + Lq <= 2^32 and k_start + Lk <= 2^36). Register pressure decides
+  // the width of each kernel's sums: 32-bit in the sm80 backward (64-bit ones spilled), 64-bit
+  // in the sm90 backward (32-bit casts spilled); either gives the same counter words.
+  std::uint32_t q_start = 0;
+  std::uint32_t k_block64 = 0;
+  bool kv_block = false;
 };
 
 struct BackwardParams : ForwardParams {

@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +17,7 @@
 #include "common/host_tensor.h"
 #include "common/packed_case.h"
 #include "cuda/device_tensor.h"
+#include "cuda/near_reference.h"
 #include "memeff/attention.h"
 #include "memeff/error.h"
 
@@ -29,8 +30,8 @@ using test::PackedCase;
 using test::PackedConfig;
 
 // Device copies of a packed case's tensors and offsets.
-struct DevicePacked {
-  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k;
+struct DevicePacked : test::DeviceTensors {
+  DeviceTensor cu_q, cu_k;
   PackedSequences packed;
 
   static HostTensor offsets(const std::vector<std::int32_t>& cu) {
@@ -39,17 +40,7 @@ struct DevicePacked {
     return t;
   }
   explicit DevicePacked(const PackedCase& c)
-      : q(c.q),
-        k(c.k),
-        v(c.v),
-        out(c.out),
-        lse(c.lse),
-        dout(c.dout),
-        dq(c.dq),
-        dk(c.dk),
-        dv(c.dv),
-        cu_q(offsets(c.cu_q)),
-        cu_k(offsets(c.cu_k)) {
+      : DeviceTensors(c), cu_q(offsets(c.cu_q)), cu_k(offsets(c.cu_k)) {
     packed = c.packed();
     packed.cu_seqlens_q = cu_q.view;
     packed.cu_seqlens_k = cu_k.view;
@@ -92,16 +83,6 @@ struct Reference {
   }
 };
 
-double rel_tolerance(DType dtype) { return dtype == DType::bf16 ? 2e-2 : 5e-3; }
-
-void expect_near(const HostTensor& got, const HostTensor& ref, DType dtype, const char* what) {
-  const test::Diff d = test::compare(got, ref);
-  EXPECT_FALSE(d.nan) << what << ": NaN or non-finite mismatch at " << d.where(got);
-  EXPECT_LE(d.max_abs, 1e-5 + rel_tolerance(dtype) * d.max_ref)
-      << what << ": max |diff| " << d.max_abs << " at " << d.where(got) << " (max |ref| "
-      << d.max_ref << ")";
-}
-
 class CudaPacked : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -109,7 +90,7 @@ class CudaPacked : public ::testing::TestWithParam<const char*> {
     if (!missing.empty()) GTEST_SKIP() << missing;
     // The packed kernels are refused until they have passed these tests on a device
     // (backend_util.h); the tests are what exercises them.
-    setenv("MEMEFF_UNVERIFIED_PACKED_KERNELS", "1", 1);
+    setenv("MEMEFF_UNVERIFIED_KERNELS", "1", 1);
   }
 
   // Forward (out, lse) and backward (dq, dk, dv) of the backend against the reference.
@@ -121,18 +102,15 @@ class CudaPacked : public ::testing::TestWithParam<const char*> {
     DevicePacked dev(pc);
     EXPECT_EQ(dev.forward_on(GetParam(), pc).backend, GetParam());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_near(dev.out.to_host(pc.out), ref.r.out, c.dtype, "out");
-    const HostTensor lse = dev.lse.to_host(pc.lse);
-    const test::Diff dl = test::compare(lse, ref.r.lse);
-    EXPECT_FALSE(dl.nan) << "lse at " << dl.where(lse);
-    EXPECT_LE(dl.max_abs, 1e-3 * std::max(1.0, dl.max_ref)) << "lse at " << dl.where(lse);
+    test::expect_near_reference(dev.out.to_host(pc.out), ref.r.out, c.dtype, "out");
+    test::expect_lse_near_reference(dev.lse.to_host(pc.lse), ref.r.lse);
     // The backward reads the reference's out (rounded) so that only the backward differs.
     dev.out.upload(test::converted(ref.r.out, c.dtype));
     EXPECT_EQ(dev.backward_on(GetParam(), pc, deterministic).backend, GetParam());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_near(dev.dq.to_host(pc.dq), ref.r.dq, c.dtype, "dq");
-    expect_near(dev.dk.to_host(pc.dk), ref.r.dk, c.dtype, "dk");
-    expect_near(dev.dv.to_host(pc.dv), ref.r.dv, c.dtype, "dv");
+    test::expect_near_reference(dev.dq.to_host(pc.dq), ref.r.dq, c.dtype, "dq");
+    test::expect_near_reference(dev.dk.to_host(pc.dk), ref.r.dk, c.dtype, "dk");
+    test::expect_near_reference(dev.dv.to_host(pc.dv), ref.r.dv, c.dtype, "dv");
   }
 };
 

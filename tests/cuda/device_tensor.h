@@ -70,4 +70,21 @@ struct DeviceTensor {
   }
 };
 
+// Device copies of an attention case's nine tensors (test::Case, test::PackedCase: any type with
+// these members), outputs as poisoned as the host's.
+struct DeviceTensors {
+  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv;
+  template <class CaseT>
+  explicit DeviceTensors(const CaseT& c)
+      : q(c.q),
+        k(c.k),
+        v(c.v),
+        out(c.out),
+        lse(c.lse),
+        dout(c.dout),
+        dq(c.dq),
+        dk(c.dk),
+        dv(c.dv) {}
+};
+
 }  // namespace memeff::test

@@ -279,9 +279,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBr * 4);
       for (int c = tid; c < Tr::kKeyBlocks64 * kBr * 4; c += Tr::kThreads) {
         const int cls = c & 3, r = (c >> 2) % kBr, kb = (c >> 2) / kBr;
+        // Global coordinates (params.h): the map's row q_start + i, key block k_block64 + j / 64.
         const detail::Philox4 bits = detail::dropout_call(
-            rng_key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(m0 + r),
-            static_cast<std::uint64_t>(n0 / 64 + kb), static_cast<std::uint32_t>(cls));
+            rng_key, static_cast<std::uint64_t>(bh), p.q_start + static_cast<std::uint32_t>(m0 + r),
+            p.k_block64 + static_cast<std::uint32_t>(n0 / 64 + kb),
+            static_cast<std::uint32_t>(cls));
         keep[c] = static_cast<std::uint16_t>(keep_bits16_fast(bits, p.keep_threshold));
       }
     }
@@ -372,7 +374,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         const float dl = delta[qi];
         std::uint32_t kbits = 0xFFFFu;
         if (p.has_dropout) kbits = keep[(kb64 * kBr + qi) * 4 + (g >> 1)];
-        const bool zero_ds = need_mask && sees_one_key(m0 + qi, Lk, p.causal != 0, causal_shift);
+        // Not for a key block of a larger attention (the row may see other keys there); packed
+        // calls never are one (validation), and leaving the flag out keeps them from spilling.
+        const bool zero_ds = need_mask && (kVarlen || !p.kv_block) &&
+                             sees_one_key(m0 + qi, Lk, p.causal != 0, causal_shift);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = 2 * hh + e;

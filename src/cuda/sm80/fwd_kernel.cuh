@@ -309,10 +309,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         // The row sums above used the undropped P; kept values get keep_scale at the end.
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const std::uint32_t row = static_cast<std::uint32_t>(m0 + warp_row0 + mt * 16 + g + 8 * hh);
+          // Global coordinates (params.h): the map's row q_start + i and key block k_block64 + it.
+          const std::uint32_t row =
+              p.q_start + static_cast<std::uint32_t>(m0 + warp_row0 + mt * 16 + g + 8 * hh);
           const detail::Philox4 r =
-              detail::dropout_call(key, static_cast<std::uint64_t>(bh), row,
-                                   static_cast<std::uint64_t>(it), static_cast<std::uint32_t>(t));
+              detail::dropout_call(key, static_cast<std::uint64_t>(bh), row, p.k_block64 + it,
+                                   static_cast<std::uint32_t>(t));
           drop_packed(pk[mt], 0, hh, r, thr);
         }
       }

@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const std::int64_t causal_shift = kPacked ? pk.causal_shift : p.causal_shift;
   // This thread's keys (its rows of Sᵀ in row halves 0 and 1): key0 and key0 + 1.
   const std::int64_t key0 = n0 + 64 * wg + 8 * g + 2 * warp;
-  const std::uint64_t key_block64 = static_cast<std::uint64_t>((n0 + 64 * wg) / 64);
+  // The dropout map's block of these keys and (below) rows: global coordinates (params.h).
+  const std::uint64_t key_block64 = static_cast<std::uint64_t>((n0 + 64 * wg) / 64) + p.k_block64;
 
   float dk[kDT][4], dv[kDT][4];
 #pragma unroll
@@ -328,10 +329,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const std::int64_t i = m0 + 64 * kb + 8 * g + 2 * t + e;
-          bits[e] =
-              keep_bits16_fast(detail::dropout_call(rng_key, bh, static_cast<std::uint64_t>(i),
-                                                    key_block64, static_cast<std::uint32_t>(warp)),
-                               p.keep_threshold);
+          bits[e] = keep_bits16_fast(
+              detail::dropout_call(rng_key, bh, static_cast<std::uint64_t>(i) + p.q_start,
+                                   key_block64, static_cast<std::uint32_t>(warp)),
+              p.keep_threshold);
         }
         words[kb] =
             transpose_nibbles8(spread_bit_pairs(bits[0]) | (spread_bit_pairs(bits[1]) << 2), g);
@@ -471,7 +472,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
     }
-    if (need_mask) {
+    // kv_block: the row may see other keys elsewhere (never packed: validation).
+    if (need_mask && (kPacked || !p.kv_block)) {
 #pragma unroll
       for (int n = 0; n < kNT; ++n)
 #pragma unroll

@@ -326,9 +326,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int c = 0; c < kDropBlocks; ++c)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const detail::Philox4 r = detail::dropout_call(
-            key, static_cast<std::uint64_t>(bh), static_cast<std::uint64_t>(row0 + 8 * hh),
-            static_cast<std::uint64_t>(n * kDropBlocks + c), static_cast<std::uint32_t>(t));
+        // Global coordinates (params.h): row q_start + i, key block k_block64 + j / 64.
+        const detail::Philox4 r =
+            detail::dropout_call(key, static_cast<std::uint64_t>(bh),
+                                 p.q_start + static_cast<std::uint32_t>(row0 + 8 * hh),
+                                 p.k_block64 + static_cast<std::uint32_t>(n * kDropBlocks + c),
+                                 static_cast<std::uint32_t>(t));
         keep_words(r, thr, keep[c][hh]);
       }
   };

@@ -1,0 +1,253 @@
+// Global coordinates (AttentionArgs::q_start, k_start, kv_block: the block calls of context
+// parallelism, docs/context_parallel.md) on the CUDA backends (`cuda`, `cuda_sm90`, `cuda_math`):
+// the mask read off the outputs is the map's at the global rows and keys, in the forward's and
+// the backward's orientation, up to the map's last rows and keys; block calls (starts, causal
+// shifts of both signs, fully hidden blocks, kv_block with a larger attention's out and lse,
+// dropout, GQA, head dims 64 and 128) against the double-precision reference on the same rounded
+// inputs; the fused kernels' refusal of dropout at a key start off the 64-key blocks, which
+// cuda_math takes.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/attention_case.h"
+#include "common/host_tensor.h"
+#include "cuda/device_tensor.h"
+#include "cuda/near_reference.h"
+#include "memeff/attention.h"
+#include "memeff/dispatch.h"
+#include "memeff/dropout.h"
+
+namespace memeff {
+namespace {
+
+using test::Case;
+using test::Config;
+using test::HostTensor;
+
+struct Starts {
+  std::int64_t q_start = 0, k_start = 0;
+  bool kv_block = false;
+  std::string describe() const {
+    return "q_start " + std::to_string(q_start) + " k_start " + std::to_string(k_start) +
+           (kv_block ? " kv_block" : "");
+  }
+};
+
+AttentionArgs at(AttentionArgs a, const Starts& s) {
+  a.q_start = s.q_start;
+  a.k_start = s.k_start;
+  a.kv_block = s.kv_block;
+  return a;
+}
+
+Options only(const std::string& backend) {
+  Options o;
+  o.backends = {backend};
+  return o;
+}
+
+// The device copies of a case's tensors.
+struct DeviceCase : test::DeviceTensors {
+  explicit DeviceCase(const Case& c) : DeviceTensors(c) {}
+  AttentionArgs args(const Case& c, const Starts& s) const {
+    AttentionArgs a = at(c.args(), s);
+    a.q = q.view;
+    a.k = k.view;
+    a.v = v.view;
+    return a;
+  }
+  BackwardTensors grads() const {
+    return {dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
+  }
+};
+
+class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    const std::string missing = test::gpu_backend_missing(GetParam());
+    if (!missing.empty()) GTEST_SKIP() << missing;
+    // The global-coordinate paths are refused until they have passed these tests on a device
+    // (backend_util.h); the tests are what exercises them.
+    setenv("MEMEFF_UNVERIFIED_KERNELS", "1", 1);
+  }
+  bool fused() const { return std::string(GetParam()) != "cuda_math"; }
+
+  // Forward and backward of one block call on the backend against the reference in double on
+  // the same rounded inputs. The backward takes the block's own out and lse, or with kv_block a
+  // larger attention's (here: out · 0.75 and lse + 0.3, what a block of half the row's mass has).
+  void check(const Config& cfg, const Starts& s) {
+    SCOPED_TRACE(std::string(GetParam()) + " " + cfg.describe() + " " + s.describe());
+    Case c(cfg, 31);
+    Config c64 = cfg;
+    c64.dtype = DType::f64;
+    Case r(c64, 1);
+    r.q = test::converted(c.q, DType::f64);
+    r.k = test::converted(c.k, DType::f64);
+    r.v = test::converted(c.v, DType::f64);
+    r.dout = test::converted(c.dout, DType::f64);
+    const AttentionArgs ra = at(r.args(), s);
+    forward(ra, r.out.view, r.lse.view, only("reference"));
+
+    HostTensor out_b = test::converted(r.out, cfg.dtype), lse_b = r.lse;
+    if (s.kv_block) {
+      for (std::int64_t i = 0; i < out_b.numel(); ++i) out_b.set(i, 0.75 * out_b.get(i));
+      for (std::int64_t i = 0; i < lse_b.numel(); ++i) {
+        if (std::isfinite(lse_b.get(i))) lse_b.set(i, lse_b.get(i) + 0.3);
+      }
+    }
+    const HostTensor out_b64 = test::converted(out_b, DType::f64);
+    backward(ra, {r.dout.view, out_b64.view, lse_b.view, r.dq.view, r.dk.view, r.dv.view},
+             only("reference"));
+
+    DeviceCase dev(c);
+    const AttentionArgs a = dev.args(c, s);
+    EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only(GetParam())).backend, GetParam());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    test::expect_near_reference(dev.out.to_host(c.out), r.out, cfg.dtype, "out");
+    test::expect_lse_near_reference(dev.lse.to_host(c.lse), r.lse);
+
+    dev.out.upload(out_b);
+    dev.lse.upload(lse_b);
+    EXPECT_EQ(backward(a, dev.grads(), only(GetParam())).backend, GetParam());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    test::expect_near_reference(dev.dq.to_host(c.dq), r.dq, cfg.dtype, "dq");
+    test::expect_near_reference(dev.dk.to_host(c.dk), r.dk, cfg.dtype, "dk");
+    test::expect_near_reference(dev.dv.to_host(c.dv), r.dv, cfg.dtype, "dv");
+  }
+};
+
+// q = 0 makes every visible score equal; with V the identity (Dv = Lk) out[i, j] is nonzero
+// exactly where key j is visible to row i and kept, and with dO the identity (Dv = Lq) so is
+// dv[j, i]: the forward's and the backward's orientation of the mask, compared element by element
+// with the map at (b, h, q_start + i, k_start + j).
+TEST_P(CudaGlobalCoordinates, MaskIsTheMapsAtTheGlobalRowsAndKeys) {
+  Config cfg;
+  cfg.B = 2;
+  cfg.Hq = cfg.Hkv = 2;
+  cfg.Lq = cfg.Lk = 128;
+  cfg.D = 128;
+  cfg.dtype = DType::bf16;
+  cfg.dropout = 0.5;
+  const std::int64_t n = 128;
+  const std::vector<Starts> starts = {
+      {0, 0, false},
+      {192, 128, false},
+      {5000, 64 * 77, true},
+      {(std::int64_t{1} << 32) - n, (std::int64_t{1} << 36) - n, false}};
+  for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
+    for (const Starts& s : starts) {
+      SCOPED_TRACE(std::string(GetParam()) + " " + causal_mode_name(causal) + " " + s.describe());
+      cfg.causal = causal;
+      Case c(cfg, 3);
+      for (std::int64_t i = 0; i < c.q.numel(); ++i) c.q.set(i, 0.0);
+      for (HostTensor* eye : {&c.v, &c.dout}) {
+        for (std::int64_t bh = 0; bh < cfg.B * cfg.Hq; ++bh)
+          for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t e = 0; e < n; ++e) eye->set((bh * n + i) * n + e, i == e ? 1.0 : 0.0);
+      }
+      DeviceCase dev(c);
+      const AttentionArgs a = dev.args(c, s);
+      EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only(GetParam())).backend, GetParam());
+      EXPECT_EQ(backward(a, dev.grads(), only(GetParam())).backend, GetParam());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const HostTensor out = dev.out.to_host(c.out), dv = dev.dv.to_host(c.dv);
+      const std::int64_t shift = s.q_start - s.k_start;
+      std::int64_t visible = 0, kept = 0;
+      for (std::int64_t b = 0; b < cfg.B; ++b)
+        for (std::int64_t h = 0; h < cfg.Hq; ++h)
+          for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              const bool seen = causal == CausalMode::none || j <= i + shift;
+              const bool want = seen && dropout_keep(cfg.seed, cfg.offset, cfg.dropout, cfg.Hq, b,
+                                                     h, s.q_start + i, s.k_start + j);
+              const std::int64_t bh = b * cfg.Hq + h;
+              ASSERT_EQ(out.get((bh * n + i) * n + j) != 0.0, want)
+                  << "forward: b " << b << " h " << h << " row " << i << " key " << j;
+              ASSERT_EQ(dv.get((bh * n + j) * n + i) != 0.0, want)
+                  << "backward: b " << b << " h " << h << " row " << i << " key " << j;
+              visible += seen;
+              kept += want;
+            }
+      // The check had something to find: about half of the visible elements kept (under a
+      // causal mask the last starts hide the whole block: nothing visible, nothing written).
+      if (causal == CausalMode::none || shift > -n) {
+        EXPECT_GT(kept, visible / 3);
+        EXPECT_LT(kept, 2 * visible / 3);
+      } else {
+        EXPECT_EQ(visible, 0);
+      }
+    }
+  }
+}
+
+TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
+  const std::vector<Starts> starts = {
+      {0, 0, true},       // kv_block alone: no single-key shortcut on the diagonal's first row
+      {384, 128, false},  // causal shift +256: every key visible
+      {128, 64, true},    // shift +64
+      {64, 128, true},    // shift -64: the first rows see no key of the block
+      {0, 256, false},    // shift -256: the whole block hidden under a causal mask
+      {(std::int64_t{1} << 31) + 64, std::int64_t{1} << 33, false}};  // far rows and keys
+  Config cfg;
+  cfg.B = 2;
+  cfg.Hq = 4;
+  cfg.Hkv = 2;
+  cfg.Lq = 200;
+  cfg.Lk = 192;
+  for (const auto& [D, dtype] : {std::pair{64, DType::bf16}, std::pair{128, DType::f16}}) {
+    cfg.D = D;
+    cfg.dtype = dtype;
+    for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
+      for (double p : {0.0, 0.2}) {
+        cfg.causal = causal;
+        cfg.dropout = p;
+        for (const Starts& s : starts) check(cfg, s);
+      }
+    }
+  }
+}
+
+// Keys starting off the dropout map's 64-key blocks: the fused kernels take them without dropout
+// (the shift is all they need) and refuse them with it, naming the constraint; cuda_math draws
+// the map element by element and takes them.
+TEST_P(CudaGlobalCoordinates, KeyStartsOffTheDropoutBlocks) {
+  Config cfg;
+  cfg.Hq = 2;
+  cfg.Hkv = 1;
+  cfg.Lq = 100;
+  cfg.Lk = 150;
+  cfg.D = 64;
+  cfg.dtype = DType::bf16;
+  cfg.causal = CausalMode::top_left;
+  const Starts s{170, 37, true};
+  check(cfg, s);  // no dropout: every backend
+  cfg.dropout = 0.3;
+  if (!fused()) {
+    check(cfg, s);
+    return;
+  }
+  Case c(cfg, 2);
+  DeviceCase dev(c);
+  const Explanation ex = explain(dev.args(c, s), Pass::forward, only(GetParam()));
+  ASSERT_EQ(ex.backends.size(), 1u);
+  EXPECT_FALSE(ex.backends[0].eligible);
+  bool named = false;
+  for (const std::string& r : ex.backends[0].reasons)
+    named = named || r.find("multiple of 64") != std::string::npos;
+  EXPECT_TRUE(named) << "no reason names the 64-key blocks";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CudaGlobalCoordinates,
+                         ::testing::Values("cuda", "cuda_sm90", "cuda_math"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace memeff
