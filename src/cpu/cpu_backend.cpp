@@ -266,7 +266,7 @@ class CpuBackend final : public Backend {
       why.push_back("head dim " + std::to_string(std::max(pb.D, pb.Dv)) + " > " +
                     std::to_string(kMaxHeadDim) + " (per-thread tiles would outgrow the caches)");
     }
-    if (static_cast<std::uint64_t>(pb.q_start + pb.Lq) >= kDropoutMaxRows && pb.has_dropout()) {
+    if (static_cast<std::uint64_t>(pb.q_start + pb.Lq) > kDropoutMaxRows && pb.has_dropout()) {
       why.push_back("Lq beyond the dropout map's row range");
     }
     return why;
@@ -467,6 +467,11 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
     }
   }
 
+  // The key-block loop's schedule (schedule(runtime) below), the caller's restored after.
+  omp_sched_t caller_kind;
+  int caller_chunk = 0;
+  omp_get_schedule(&caller_kind, &caller_chunk);
+  omp_set_schedule(options.deterministic ? omp_sched_static : omp_sched_dynamic, 1);
 #pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num();
@@ -506,7 +511,10 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
         for (std::int64_t e = 0; e < d.Dv; ++e) acc += static_cast<double>(do_row[e]) * o_row[e];
         delta[row] = static_cast<float>(acc);
       }  // implicit barrier: delta is complete
-#pragma omp for schedule(dynamic, 1)
+         // Key blocks go to whichever thread is free, or with Options::deterministic round-robin
+         // (the schedule set above the region): each thread's dQ partial then holds the same blocks
+         // on every call, so dq is bitwise repeatable for a given thread count.
+#pragma omp for schedule(runtime)
       for (std::int64_t jb = 0; jb < k_blocks; ++jb) {
         const std::int64_t j0 = jb * kBc;
         const int cols = static_cast<int>(std::min<std::int64_t>(kBc, pb.Lk - j0));
@@ -618,6 +626,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
       }  // implicit barrier before the next kv head reuses the partials
     }
   }
+  omp_set_schedule(caller_kind, caller_chunk);
 
   if (shadow) {
     const TensorView& db = *dbias;

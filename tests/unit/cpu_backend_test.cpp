@@ -182,6 +182,39 @@ TEST(CpuBackend, Fp16Cases) {
   check_against_reference(b);
 }
 
+// Options::deterministic: the backward is bitwise repeatable. Each thread sums its key blocks'
+// dQ into a partial; given to whichever thread is free (the default), the blocks land on other
+// threads from call to call and dq's rounding changes; round-robin they do not. Four threads on
+// any machine (oversubscribed on small ones, where the race is likelier still).
+TEST(CpuBackend, DeterministicBackwardIsBitwiseRepeatable) {
+  Config c = make(300, 1000, 64, DType::f32);
+  c.Hq = 2;
+  c.Hkv = 1;
+  c.causal = CausalMode::top_left;
+  c.dropout = 0.1;
+  Case cs(c, 3);
+  cs.run_forward("cpu");
+  Options o;
+  o.backends = {"cpu"};
+  o.deterministic = true;
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(4);
+  std::vector<std::uint8_t> first;
+  for (int call = 0; call < 6; ++call) {
+    test::poison(cs.dq);
+    backward(
+        cs.args(),
+        {cs.dout.view, cs.out.view, cs.lse.view, cs.dq.view, cs.dk.view, cs.dv.view, std::nullopt},
+        o);
+    if (call == 0) {
+      first = cs.dq.storage;
+    } else {
+      EXPECT_EQ(cs.dq.storage, first) << "call " << call << ": dq differs from the first call's";
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 TEST(CpuBackend, EmptyRowsAndEmptyCalls) {
   // Bottom-right with Lq > Lk: the first Lq - Lk rows see nothing: out 0, lse -inf, dq 0.
   Config c = make(70, 5, 16, DType::f32);

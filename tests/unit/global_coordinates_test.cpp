@@ -383,10 +383,11 @@ TEST(GlobalCoordinates, KvBlockRowsThatSeeOneKeyOfTheBlockStillHaveGradients) {
 
 // The cpu backend's keep-bits at key starts off the 64-key dropout blocks (two words spliced)
 // are the map's: same outputs as the reference at several starts, with p large enough that a
-// wrong mask could not pass.
+// wrong mask could not pass; the last (k_start, q_start) pair reaches the map's last rows.
 TEST(GlobalCoordinates, CpuMaskAtUnalignedKeyStartsIsTheMaps) {
   for (const std::int64_t k_start : {std::int64_t{1}, std::int64_t{63}, std::int64_t{64},
                                      std::int64_t{100}, (std::int64_t{1} << 33) + 5}) {
+    const std::int64_t q_start = k_start == 1 ? (std::int64_t{1} << 32) - 20 : 1000;
     Config cfg;
     cfg.Lq = 20;
     cfg.Lk = 130;
@@ -396,13 +397,13 @@ TEST(GlobalCoordinates, CpuMaskAtUnalignedKeyStartsIsTheMaps) {
     for (Case* c : {&ref, &cpu}) {
       AttentionArgs a = c->args();
       a.k_start = k_start;
-      a.q_start = 1000;
+      a.q_start = q_start;
       Options o;
       o.backends = {c == &ref ? "reference" : "cpu"};
       forward(a, c->out.view, c->lse.view, o);
     }
     expect_close(cpu.out, ref.out, test::forward_tolerance(DType::f32, cfg.Lk),
-                 "k_start " + std::to_string(k_start));
+                 "k_start " + std::to_string(k_start) + " q_start " + std::to_string(q_start));
   }
 }
 
