@@ -3,9 +3,9 @@
 // the mask read off the outputs is the map's at the global rows and keys, in the forward's and
 // the backward's orientation, up to the map's last rows and keys; block calls (starts, causal
 // shifts of both signs, fully hidden blocks, kv_block with a larger attention's out and lse,
-// dropout, GQA, head dims 64 and 128) against the double-precision reference on the same rounded
-// inputs; the fused kernels' refusal of dropout at a key start off the 64-key blocks, which
-// cuda_math takes.
+// dropout, GQA, head dims 64 and 128, biases and their gradients) against the double-precision
+// reference on the same rounded inputs; the fused kernels' refusal of dropout at a key start off
+// the 64-key blocks, which cuda_math takes.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +30,7 @@ namespace {
 
 using test::Case;
 using test::Config;
+using test::DeviceTensor;
 using test::HostTensor;
 
 struct Starts {
@@ -56,16 +57,25 @@ Options only(const std::string& backend) {
 
 // The device copies of a case's tensors.
 struct DeviceCase : test::DeviceTensors {
-  explicit DeviceCase(const Case& c) : DeviceTensors(c) {}
+  std::optional<DeviceTensor> bias, dbias;
+  explicit DeviceCase(const Case& c) : DeviceTensors(c) {
+    if (c.bias) {
+      bias.emplace(*c.bias);
+      dbias.emplace(*c.dbias);
+    }
+  }
   AttentionArgs args(const Case& c, const Starts& s) const {
     AttentionArgs a = at(c.args(), s);
     a.q = q.view;
     a.k = k.view;
     a.v = v.view;
+    if (bias) a.bias = bias->view;
     return a;
   }
   BackwardTensors grads() const {
-    return {dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
+    BackwardTensors g{dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
+    if (dbias) g.dbias = dbias->view;
+    return g;
   }
 };
 
@@ -93,6 +103,7 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
     r.k = test::converted(c.k, DType::f64);
     r.v = test::converted(c.v, DType::f64);
     r.dout = test::converted(c.dout, DType::f64);
+    if (c.bias) r.bias = test::converted(*c.bias, DType::f64);
     const AttentionArgs ra = at(r.args(), s);
     forward(ra, r.out.view, r.lse.view, only("reference"));
 
@@ -104,8 +115,10 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
       }
     }
     const HostTensor out_b64 = test::converted(out_b, DType::f64);
-    backward(ra, {r.dout.view, out_b64.view, lse_b.view, r.dq.view, r.dk.view, r.dv.view},
-             only("reference"));
+    BackwardTensors rg{r.dout.view, out_b64.view, lse_b.view,  r.dq.view,
+                       r.dk.view,   r.dv.view,    std::nullopt};
+    if (r.dbias) rg.dbias = r.dbias->view;
+    backward(ra, rg, only("reference"));
 
     DeviceCase dev(c);
     const AttentionArgs a = dev.args(c, s);
@@ -121,6 +134,9 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
     test::expect_near_reference(dev.dq.to_host(c.dq), r.dq, cfg.dtype, "dq");
     test::expect_near_reference(dev.dk.to_host(c.dk), r.dk, cfg.dtype, "dk");
     test::expect_near_reference(dev.dv.to_host(c.dv), r.dv, cfg.dtype, "dv");
+    if (dev.dbias) {
+      test::expect_near_reference(dev.dbias->to_host(*c.dbias), *r.dbias, cfg.dtype, "dbias");
+    }
   }
 };
 
@@ -213,6 +229,17 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
       }
     }
   }
+  // A bias with the block's own rows and keys, and one broadcast over batch and queries (its
+  // gradient summed across CTAs), with dropout.
+  cfg.D = 64;
+  cfg.dtype = DType::bf16;
+  cfg.causal = CausalMode::top_left;
+  cfg.dropout = 0.2;
+  for (const std::string bias : {"bhqk", "1h1k"}) {
+    cfg.bias = bias;
+    check(cfg, {128, 64, true});
+    check(cfg, {384, 128, false});
+  }
 }
 
 // Keys starting off the dropout map's 64-key blocks: the fused kernels take them without dropout
@@ -237,11 +264,13 @@ TEST_P(CudaGlobalCoordinates, KeyStartsOffTheDropoutBlocks) {
   Case c(cfg, 2);
   DeviceCase dev(c);
   const Explanation ex = explain(dev.args(c, s), Pass::forward, only(GetParam()));
-  ASSERT_EQ(ex.backends.size(), 1u);
-  EXPECT_FALSE(ex.backends[0].eligible);
   bool named = false;
-  for (const std::string& r : ex.backends[0].reasons)
-    named = named || r.find("multiple of 64") != std::string::npos;
+  for (const auto& report : ex.backends) {
+    if (report.name != GetParam()) continue;
+    EXPECT_FALSE(report.eligible);
+    for (const std::string& r : report.reasons)
+      named = named || r.find("multiple of 64") != std::string::npos;
+  }
   EXPECT_TRUE(named) << "no reason names the 64-key blocks";
 }
 
