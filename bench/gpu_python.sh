@@ -15,10 +15,6 @@ step() {
   echo "== $* ($(date +%T))" | tee -a "$out/steps.log" >&2
 }
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}"
-# The packed (varlen) and global-coordinate (context-parallel block) kernel paths are refused
-# until a device run verifies them (backend_util.h): this script is that run (tests, then
-# bench_varlen.py), so it opts in.
-export MEMEFF_UNVERIFIED_KERNELS=1
 
 step "build the package (MAX_JOBS=$(nproc))"
 MAX_JOBS="$(nproc)" timeout 300 python3 -m pip install --quiet --no-build-isolation --no-deps \

@@ -36,7 +36,7 @@ small+=":$fwd.AwkwardLengthsSquare/cuda_sm90:$fwd.BiasBroadcastEachWayBothDtypes
 small+=":$bwd.SeedAndOffsetFromDeviceMemory/*:$bwd.BlhdStridesAndHalf/cuda_sm90"
 small+=":$bwd.DeterministicIsBitwiseRepeatable/cuda_sm90:$bwd.SingleVisibleKeyGivesExactlyZeroDs/cuda_sm90"
 small+=":CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
-# The packed and global-coordinate paths (never run before their first device session).
+# The packed and global-coordinate paths.
 small+=":Backends/CudaPacked.BadOffsetsOnTheDeviceAreNamed/*:Backends/CudaPacked.KeysOfOtherLengths*/*"
 small+=":Backends/CudaGlobalCoordinates.KeyStartsOffTheDropoutBlocks/*"
 for tool in memcheck racecheck synccheck; do
@@ -48,13 +48,13 @@ done
 
 step "memeff run (defaults)"
 timeout 60 "$bin/tools/memeff" run 2>&1 | tee "$out/run.log"
-# Packed sequences and context parallelism on one GPU (their kernel paths are gated until run:
-# backend_util.h), each checked by the program against the reference / the single-device run.
+# Packed sequences and context parallelism on one GPU, each checked by the program against the
+# reference / the single-device run.
 step "memeff run --seqlens (packed), --context-parallel 4 --cp-transport local"
-MEMEFF_UNVERIFIED_KERNELS=1 timeout 60 "$bin/tools/memeff" run --device cuda \
+timeout 60 "$bin/tools/memeff" run --device cuda \
   --seqlens 17,512,1000,3000,1 --dropout 0.1 2>&1 | tee "$out/run_packed.log"
 for n in 2 4; do
-  MEMEFF_UNVERIFIED_KERNELS=1 timeout 60 "$bin/tools/memeff" run --device cuda \
+  timeout 60 "$bin/tools/memeff" run --device cuda \
     --context-parallel $n --cp-transport local 2>&1 | tee -a "$out/run_cp.log"
 done
 

@@ -13,9 +13,6 @@ try:  # each test module skips itself (pytest.importorskip) where torch is absen
 except ImportError:
     torch = None
 
-# The CUDA kernels refuse packed (varlen) and global-coordinate (block) calls until their tests
-# have passed on a GPU (src/cuda/backend_util.h); these tests are what checks them, so they opt in.
-os.environ.setdefault("MEMEFF_UNVERIFIED_KERNELS", "1")
 
 DEVICES = ["cpu"] + (["cuda"] if torch is not None and torch.cuda.is_available() else [])
 

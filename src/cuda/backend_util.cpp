@@ -284,9 +284,6 @@ std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapabili
     reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
                       ": must be fp32 or the dtype of q");
   }
-  if (const std::string gate = unverified_kernel_reason(pb); !gate.empty()) {
-    reasons.push_back(gate);
-  }
   if (pb.has_dropout() && pb.k_start % 64 != 0) {
     reasons.push_back("k_start " + std::to_string(pb.k_start) +
                       " with dropout: the fused kernels draw the mask in whole 64-key blocks of "
@@ -295,19 +292,6 @@ std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapabili
   cc = compute_capability(pb.device.index);
   if (!cc.ok) reasons.push_back(cc.error);
   return reasons;
-}
-
-std::string unverified_kernel_reason(const Problem& pb) {
-  const char* env = std::getenv("MEMEFF_UNVERIFIED_KERNELS");
-  if (env != nullptr && std::string(env) == "1") return {};
-  const char* what = pb.packed ? "packed sequences"
-                     : pb.has_global_coordinates()
-                         ? "global coordinates (q_start, k_start, kv_block)"
-                         : nullptr;
-  if (what == nullptr) return {};
-  return std::string(what) +
-         ": the CUDA kernel paths for them are written but have not yet run on a GPU (no device "
-         "was available to test them); MEMEFF_UNVERIFIED_KERNELS=1 enables them";
 }
 
 double CudaBackendBase::time_ms(const Problem& problem, const Options& options,

@@ -87,13 +87,6 @@ class StreamWorkspace {
 // fp32 or other dtypes, misaligned views, a bias of a third dtype. Returns the device's compute
 // capability in `cc` (cc.ok false: its error is already among the reasons).
 std::vector<std::string> fused_kernel_reasons(const Problem& pb, ComputeCapability& cc);
-// The CUDA kernels' packed (varlen) and global-coordinate (q_start, k_start, kv_block) paths were
-// written without a GPU to run them on; until their gpu tests pass on a device the CUDA backends
-// refuse such calls with this reason unless MEMEFF_UNVERIFIED_KERNELS=1 (read per decision, so a
-// test can set it). Empty when the call is neither or the switch is set. Remove with the first
-// device run that passes.
-std::string unverified_kernel_reason(const Problem& pb);
-
 // The base of the CUDA backends: autotuning times a candidate with CUDA events recorded on
 // options.stream around it (on problem.device), and names the device by its GPU and compute
 // capability ("NVIDIA H200 sm_90") so that a tuned winner is never reused on other hardware.

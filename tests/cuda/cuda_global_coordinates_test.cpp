@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -84,9 +83,6 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
   void SetUp() override {
     const std::string missing = test::gpu_backend_missing(GetParam());
     if (!missing.empty()) GTEST_SKIP() << missing;
-    // The global-coordinate paths are refused until they have passed these tests on a device
-    // (backend_util.h); the tests are what exercises them.
-    setenv("MEMEFF_UNVERIFIED_KERNELS", "1", 1);
   }
   bool fused() const { return std::string(GetParam()) != "cuda_math"; }
 

@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,9 +87,6 @@ class CudaPacked : public ::testing::TestWithParam<const char*> {
   void SetUp() override {
     const std::string missing = test::gpu_backend_missing(GetParam());
     if (!missing.empty()) GTEST_SKIP() << missing;
-    // The packed kernels are refused until they have passed these tests on a device
-    // (backend_util.h); the tests are what exercises them.
-    setenv("MEMEFF_UNVERIFIED_KERNELS", "1", 1);
   }
 
   // Forward (out, lse) and backward (dq, dk, dv) of the backend against the reference.

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -177,9 +176,9 @@ TEST(GlobalCoordinates, BackendsThatDoNotImplementThemAreRefusedWithAReason) {
 }
 
 // The CUDA backends take block calls (they are compiled everywhere and a call on a pretend GPU
-// is explained without one): what they still refuse is named. Until their first device run the
-// gate (backend_util.h) with its switch; with dropout, the fused kernels' key starts off the
-// 64-key blocks (cuda_math takes any start); nothing about global coordinates themselves.
+// is explained without one): what they refuse is named. With dropout, the fused kernels' key
+// starts off the 64-key blocks (cuda_math takes any start); nothing about global coordinates
+// themselves.
 TEST(GlobalCoordinates, CudaBackendsNameWhatTheyRefuse) {
   const std::vector<std::string> registered = backend_names();
   Config cfg;
@@ -189,9 +188,6 @@ TEST(GlobalCoordinates, CudaBackendsNameWhatTheyRefuse) {
   Case c(cfg, 7);
   AttentionArgs a = c.args();
   for (TensorView* t : {&a.q, &a.k, &a.v}) t->device = Device::cuda(0);
-  const char* saved = std::getenv("MEMEFF_UNVERIFIED_KERNELS");
-  const std::string saved_value = saved ? saved : "";
-  unsetenv("MEMEFF_UNVERIFIED_KERNELS");
   int seen = 0;
   for (const std::string name : {"cuda", "cuda_sm90", "cuda_math"}) {
     if (std::find(registered.begin(), registered.end(), name) == registered.end()) continue;
@@ -206,11 +202,9 @@ TEST(GlobalCoordinates, CudaBackendsNameWhatTheyRefuse) {
       }
       const std::string what = name + " k_start " + std::to_string(k_start) + ":\n" + all;
       EXPECT_FALSE(contains(all, "supports_global_coordinates")) << what;
-      EXPECT_TRUE(contains(all, "MEMEFF_UNVERIFIED_KERNELS=1")) << what;
       EXPECT_EQ(contains(all, "multiple of 64"), name != "cuda_math" && k_start % 64 != 0) << what;
     }
   }
-  if (saved) setenv("MEMEFF_UNVERIFIED_KERNELS", saved_value.c_str(), 1);
   if (seen == 0) GTEST_SKIP() << "built without the CUDA backends";
 }
 
