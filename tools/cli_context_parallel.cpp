@@ -268,16 +268,7 @@ int print_report(const ContextParallelRun& run, const Report& rep, const Partiti
     j["context_parallel"] = qp.ranks();
     j["layout"] = cp::layout_name(qp.layout());
     j["transport"] = rep.mode;
-    j["B"] = c.B;
-    j["Hq"] = c.Hq;
-    j["Hkv"] = c.hkv();
-    j["Lq"] = c.Lq;
-    j["Lk"] = c.lk();
-    j["D"] = c.D;
-    j["Dv"] = c.dv();
-    j["causal"] = causal_flag_name(c.causal);
-    j["bias"] = c.bias.text();
-    j["dropout"] = c.dropout;
+    add_shape_json(j, c);
     j["seed"] = c.seed;
     j["offset"] = c.offset;
     j["schedule"] = schedule_json(qp, kp, c.causal);

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_args.h"
+
 namespace memeff::cli {
 
 using Json = nlohmann::ordered_json;
@@ -12,6 +14,21 @@ using Json = nlohmann::ordered_json;
 // `indent` < 0: one line; otherwise nlohmann's pretty form with that many spaces per level.
 inline std::string json_text(const Json& value, int indent = -1) {
   return value.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
+// The problem's shape and mask fields of a run report (B through dropout), shared by `memeff run`
+// and `memeff run --context-parallel`.
+inline void add_shape_json(Json& j, const ShapeConfig& c) {
+  j["B"] = c.B;
+  j["Hq"] = c.Hq;
+  j["Hkv"] = c.hkv();
+  j["Lq"] = c.Lq;
+  j["Lk"] = c.lk();
+  j["D"] = c.D;
+  j["Dv"] = c.dv();
+  j["causal"] = causal_flag_name(c.causal);
+  j["bias"] = c.bias.text();
+  j["dropout"] = c.dropout;
 }
 
 }  // namespace memeff::cli

@@ -671,16 +671,7 @@ int run_command(const std::vector<std::string>& argv) {
     j["device_description"] = where;
     j["device_note"] = device_note;
     j["dtype"] = dtype_name(d.dtype);
-    j["B"] = c.B;
-    j["Hq"] = c.Hq;
-    j["Hkv"] = c.hkv();
-    j["Lq"] = c.Lq;
-    j["Lk"] = c.lk();
-    j["D"] = c.D;
-    j["Dv"] = c.dv();
-    j["causal"] = causal_flag_name(c.causal);
-    j["bias"] = c.bias.text();
-    j["dropout"] = c.dropout;
+    add_shape_json(j, c);
     j["p_effective"] = fwd_info.p_effective;
     j["seed"] = c.seed;
     j["offset"] = c.offset;
