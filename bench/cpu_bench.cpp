@@ -85,7 +85,7 @@ void run_attention(benchmark::State& state, Shape s) {
     benchmark::ClobberMemory();
   }
   const double flops =
-      memeff::attention_flops(1, s.BH, s.L, s.L, s.D, a.causal) * (s.backward ? 2.5 : 1.0);
+      memeff::attention_flops(1, s.BH, s.L, s.L, s.D, a.causal) * memeff::pass_flop_factor(s.backward ? memeff::Pass::backward : memeff::Pass::forward);
   state.counters["FLOP/s"] =
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }

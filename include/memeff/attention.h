@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memeff/tensor.h"
@@ -25,7 +26,11 @@ enum class CausalMode : std::uint8_t {
   bottom_right,  // query i sees keys j <= i + (Lk - Lq): the last query sees every key
 };
 
+// The one spelling of each mode ("none", "top_left", "bottom_right"): the C++ API, the program's
+// flags and reports and the Python ops all use it; causal_mode_from_name is its inverse (nullopt
+// for any other text).
 const char* causal_mode_name(CausalMode mode);
+std::optional<CausalMode> causal_mode_from_name(std::string_view name);
 
 // Dropout randomness: the mask is a pure function of (seed, offset, b, h, i, j); see
 // docs/dropout.md. For CUDA graphs, kernels can read seed and offset from device memory at run
@@ -130,13 +135,20 @@ CallInfo backward(const AttentionArgs& args, const BackwardTensors& grads,
 std::size_t workspace_size(const AttentionArgs& args, Pass pass, const Options& options = {});
 
 // FLOPs of one forward pass by the project's convention: 4·B·Hq·Lq·Lk·D (halved when causal);
-// the backward counts 2.5 times this.
+// a pass counts pass_flop_factor(pass) times this (the backward 2.5: five matrix products of
+// the forward's size against its two, as PyTorch's and FlashAttention's benchmarks count).
 double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
                        std::int64_t D, CausalMode causal);
 // The same for packed sequences of the given query and key lengths (the sum over sequences).
 double attention_flops_packed(const std::vector<std::int64_t>& seqlens_q,
                               const std::vector<std::int64_t>& seqlens_k, std::int64_t Hq,
                               std::int64_t D, CausalMode causal);
+
+constexpr double pass_flop_factor(Pass pass) { return pass == Pass::backward ? 2.5 : 1.0; }
+// Forward and backward together: pass_flop_factor(forward) + pass_flop_factor(backward) = 3.5.
+constexpr double training_flop_factor() {
+  return pass_flop_factor(Pass::forward) + pass_flop_factor(Pass::backward);
+}
 
 const char* version();
 

@@ -6,7 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace memeff {
 
@@ -29,7 +31,10 @@ std::size_t dtype_size(DType dtype);
 // or written rounded to the dtype (round to nearest even for fp16 and bf16).
 double load_element(const void* data, DType dtype, std::int64_t index);
 void store_element(void* data, DType dtype, std::int64_t index, double value);
+// The one spelling of each dtype ("fp32", "fp16", "bf16", "fp64", "int32"), in messages, the
+// program's flags and reports; dtype_from_name is its inverse (nullopt for any other text).
 const char* dtype_name(DType dtype);
+std::optional<DType> dtype_from_name(std::string_view name);
 std::string device_name(Device device);
 
 // A view of up to four dimensions. Strides are in elements. Attention tensors are [B, H, L, D]

@@ -32,6 +32,13 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (DType d : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i32}) {
+    if (name == dtype_name(d)) return d;
+  }
+  return std::nullopt;
+}
+
 double load_element(const void* data, DType dtype, std::int64_t index) {
   TensorView v;
   v.data = const_cast<void*>(data);
@@ -58,6 +65,13 @@ const char* causal_mode_name(CausalMode mode) {
     case CausalMode::bottom_right: return "bottom_right";
   }
   return "unknown";
+}
+
+std::optional<CausalMode> causal_mode_from_name(std::string_view name) {
+  for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
+    if (name == causal_mode_name(m)) return m;
+  }
+  return std::nullopt;
 }
 
 const char* error_code_name(ErrorCode code) {
