@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes src/cuda/sm90/wgmma_ops.cuh: one inline-PTX wrapper per wgmma shape the Hopper kernels use.
+"""Writes src/cuda/kernels/sm90/wgmma_ops.cuh: one inline-PTX wrapper per wgmma shape the Hopper kernels use.
 
 wgmma takes its accumulators as N/2 separate registers, so each shape needs its own asm string;
 generating them keeps the operand lists correct by construction. Rerun after changing SHAPES:
-    python3 scripts/gen_wgmma_ops.py > src/cuda/sm90/wgmma_ops.cuh
+    python3 scripts/gen_wgmma_ops.py > src/cuda/kernels/sm90/wgmma_ops.cuh
 """
 
 SS_SHAPES = [64, 128]          # S = Q·Kᵀ: N = key-tile width, both operands from shared memory

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/autotune.h"
+#include "core/strings.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
 #include "memeff/dispatch.h"
@@ -22,7 +23,6 @@ std::vector<std::shared_ptr<Backend>> registry_snapshot();
 // The dispatcher's words (src/core/dispatch_report.cpp).
 const char* pass_name(Pass pass);
 const char* device_type_name(DeviceType t);
-std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 std::string format_ms(double ms);
 // Whether MEMEFF_LOG_DISPATCH is set (and not 0).
 bool log_dispatch_enabled();

@@ -6,88 +6,24 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <string>
 
 #include "cp/ring_ops.h"
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/device.h"
+#include "cuda/runtime/fill.h"
+#include "cuda/runtime/strided_view.cuh"
 #include "memeff/error.h"
 
 namespace memeff::cp::detail::cuda {
+
+namespace runtime = memeff::cuda;
+using runtime::StridedView;
+
 namespace {
 
-constexpr int kThreads = 256;
-constexpr std::int64_t kMaxBlocks = 4096;
-
-// A view as the kernels see it: four dimensions (rank-3 views get a last one of size 1).
-struct View4 {
-  char* data = nullptr;
-  int dtype = 0;  // memeff::DType
-  std::int64_t n[4] = {1, 1, 1, 1};
-  std::int64_t s[4] = {0, 0, 0, 0};
-};
-
-View4 view4(const TensorView& t) {
-  View4 v;
-  v.data = static_cast<char*>(t.data);
-  v.dtype = static_cast<int>(t.dtype);
-  for (int d = 0; d < t.rank; ++d) {
-    v.n[d] = t.shape[d];
-    v.s[d] = t.stride[d];
-  }
-  return v;
-}
-
-__device__ std::int64_t offset_of(const View4& v, std::int64_t row, std::int64_t e) {
-  const std::int64_t i = row % v.n[2], h = (row / v.n[2]) % v.n[1], b = row / (v.n[2] * v.n[1]);
-  return b * v.s[0] + h * v.s[1] + i * v.s[2] + e * v.s[3];
-}
-
-__device__ double load(const View4& v, std::int64_t off) {
-  switch (static_cast<DType>(v.dtype)) {
-    case DType::f32:
-      return reinterpret_cast<const float*>(v.data)[off];
-    case DType::f64:
-      return reinterpret_cast<const double*>(v.data)[off];
-    case DType::f16:
-      return __half2float(reinterpret_cast<const __half*>(v.data)[off]);
-    case DType::bf16:
-      return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(v.data)[off]);
-    case DType::i32:
-      return reinterpret_cast<const std::int32_t*>(v.data)[off];
-  }
-  return 0.0;
-}
-
-// Rounds through fp32 first for the 16-bit types, as the host's store_from_double does.
-__device__ void store(const View4& v, std::int64_t off, double x) {
-  switch (static_cast<DType>(v.dtype)) {
-    case DType::f32:
-      reinterpret_cast<float*>(v.data)[off] = static_cast<float>(x);
-      break;
-    case DType::f64:
-      reinterpret_cast<double*>(v.data)[off] = x;
-      break;
-    case DType::f16:
-      reinterpret_cast<__half*>(v.data)[off] = __float2half_rn(static_cast<float>(x));
-      break;
-    case DType::bf16:
-      reinterpret_cast<__nv_bfloat16*>(v.data)[off] = __float2bfloat16_rn(static_cast<float>(x));
-      break;
-    case DType::i32:
-      reinterpret_cast<std::int32_t*>(v.data)[off] = static_cast<int>(x);
-      break;
-  }
-}
-
-__global__ void fill_kernel(View4 t, double value, std::int64_t total) {
-  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < total;
-       k += std::int64_t{gridDim.x} * blockDim.x) {
-    store(t, offset_of(t, k / t.n[3], k % t.n[3]), value);
-  }
-}
-
-__global__ void copy_kernel(View4 dst, View4 src, std::int64_t total) {
+__global__ void copy_kernel(StridedView dst, StridedView src, std::int64_t total) {
   for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < total;
        k += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t row = k / dst.n[3], e = k % dst.n[3];
@@ -95,7 +31,7 @@ __global__ void copy_kernel(View4 dst, View4 src, std::int64_t total) {
   }
 }
 
-__global__ void add_kernel(View4 acc, View4 src, std::int64_t total) {
+__global__ void add_kernel(StridedView acc, StridedView src, std::int64_t total) {
   for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < total;
        k += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t row = k / acc.n[3], e = k % acc.n[3];
@@ -105,8 +41,8 @@ __global__ void add_kernel(View4 acc, View4 src, std::int64_t total) {
 }
 
 // One thread per row: the same arithmetic as the host's merge (ring_ops.cpp).
-__global__ void merge_kernel(View4 out_acc, View4 lse_acc, View4 out_part, View4 lse_part,
-                             std::int64_t rows) {
+__global__ void merge_kernel(StridedView out_acc, StridedView lse_acc, StridedView out_part,
+                             StridedView lse_part, std::int64_t rows) {
   for (std::int64_t r = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; r < rows;
        r += std::int64_t{gridDim.x} * blockDim.x) {
     const double part = load(lse_part, offset_of(lse_part, r, 0));
@@ -133,73 +69,43 @@ __global__ void merge_kernel(View4 out_acc, View4 lse_acc, View4 out_part, View4
   }
 }
 
-int blocks_for(std::int64_t work) {
-  return static_cast<int>(
-      std::clamp<std::int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
-
-std::int64_t elements(const View4& v) { return v.n[0] * v.n[1] * v.n[2] * v.n[3]; }
-
-// Launches on the device of the view, restoring the caller's device afterwards.
-class Launch {
- public:
-  explicit Launch(const TensorView& t) {
-    cudaGetDevice(&previous_);
-    if (previous_ != t.device.index) cudaSetDevice(t.device.index);
-  }
-  ~Launch() { cudaSetDevice(previous_); }
-  static void check(const char* kernel) {
-    const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) {
-      throw Error(ErrorCode::cuda_error, std::string("context parallel: launch of ") + kernel +
-                                             " failed: " + cudaGetErrorName(status) + ": " +
-                                             cudaGetErrorString(status));
-    }
-  }
-
- private:
-  int previous_ = 0;
-};
-
 }  // namespace
 
 void fill(const TensorView& t, double value, void* stream) {
-  const View4 v = view4(t);
-  const std::int64_t total = elements(v);
-  if (total == 0) return;
-  Launch launch(t);
-  fill_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(v, value,
-                                                                                     total);
-  Launch::check("fill_kernel");
+  runtime::DeviceScope device(t.device.index);
+  runtime::fill(t, value, static_cast<cudaStream_t>(stream));
 }
 
 void copy(const TensorView& dst, const TensorView& src, void* stream) {
-  const View4 d = view4(dst), s = view4(src);
-  const std::int64_t total = elements(d);
+  const StridedView d = runtime::strided_view(dst), s = runtime::strided_view(src);
+  const std::int64_t total = d.elements();
   if (total == 0) return;
-  Launch launch(dst);
-  copy_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(d, s, total);
-  Launch::check("copy_kernel");
+  runtime::DeviceScope device(dst.device.index);
+  copy_kernel<<<runtime::elementwise_blocks(total), runtime::kElementwiseThreads, 0,
+                static_cast<cudaStream_t>(stream)>>>(d, s, total);
+  runtime::check_launch("context parallel: copy_kernel launch");
 }
 
 void add(const TensorView& acc, const TensorView& src, void* stream) {
-  const View4 a = view4(acc), s = view4(src);
-  const std::int64_t total = elements(a);
+  const StridedView a = runtime::strided_view(acc), s = runtime::strided_view(src);
+  const std::int64_t total = a.elements();
   if (total == 0) return;
-  Launch launch(acc);
-  add_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, s, total);
-  Launch::check("add_kernel");
+  runtime::DeviceScope device(acc.device.index);
+  add_kernel<<<runtime::elementwise_blocks(total), runtime::kElementwiseThreads, 0,
+               static_cast<cudaStream_t>(stream)>>>(a, s, total);
+  runtime::check_launch("context parallel: add_kernel launch");
 }
 
 void merge(const TensorView& out_acc, const TensorView& lse_acc, const TensorView& out_part,
            const TensorView& lse_part, void* stream) {
-  const View4 oa = view4(out_acc), la = view4(lse_acc), op = view4(out_part), lp = view4(lse_part);
-  const std::int64_t rows = oa.n[0] * oa.n[1] * oa.n[2];
+  const StridedView oa = runtime::strided_view(out_acc), la = runtime::strided_view(lse_acc),
+                    op = runtime::strided_view(out_part), lp = runtime::strided_view(lse_part);
+  const std::int64_t rows = oa.rows();
   if (rows == 0) return;
-  Launch launch(out_acc);
-  merge_kernel<<<blocks_for(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(oa, la, op, lp,
-                                                                                     rows);
-  Launch::check("merge_kernel");
+  runtime::DeviceScope device(out_acc.device.index);
+  merge_kernel<<<runtime::elementwise_blocks(rows), runtime::kElementwiseThreads, 0,
+                 static_cast<cudaStream_t>(stream)>>>(oa, la, op, lp, rows);
+  runtime::check_launch("context parallel: merge_kernel launch");
 }
 
 }  // namespace memeff::cp::detail::cuda

@@ -21,7 +21,8 @@
 #include "common/attention_case.h"
 #include "common/host_tensor.h"
 #include "cuda/device_tensor.h"
-#include "cuda/launch/launch.h"
+#include "cuda/kernels/sm80/family.h"
+#include "cuda/kernels/sm90/family.h"
 #include "memeff/attention.h"
 #include "memeff/dispatch.h"
 #include "memeff/error.h"
@@ -514,15 +515,15 @@ TEST(CudaBackwardReasons, RefusesWhatItCannotRun) {
   p.Lq = p.Lk = 16;
   p.D = 36;
   p.Dv = 264;
-  const std::vector<std::string> reasons = cuda::backward_unsupported(p, 7, 5);
+  const std::vector<std::string> reasons = cuda::sm80::Family::backward_reasons(p, {7, 5});
   ASSERT_EQ(reasons.size(), 3u);
   EXPECT_NE(reasons[0].find("8.0"), std::string::npos) << reasons[0];
   EXPECT_NE(reasons[1].find("D = 36"), std::string::npos) << reasons[1];
   EXPECT_NE(reasons[2].find("Dv = 264"), std::string::npos) << reasons[2];
   p.D = p.Dv = 64;
-  EXPECT_TRUE(cuda::backward_unsupported(p, 9, 0).empty());
+  EXPECT_TRUE(cuda::sm80::Family::backward_reasons(p, {9, 0}).empty());
   p.q_stride.l = 68;  // not a multiple of 8 elements
-  EXPECT_EQ(cuda::backward_unsupported(p, 9, 0).size(), 1u);
+  EXPECT_EQ(cuda::sm80::Family::backward_reasons(p, {9, 0}).size(), 1u);
 }
 
 TEST(CudaBackwardReasons, HopperRefusesWhatItCannotRun) {
@@ -533,7 +534,7 @@ TEST(CudaBackwardReasons, HopperRefusesWhatItCannotRun) {
   p.Lq = p.Lk = 16;
   p.D = 64;
   p.Dv = 256;
-  std::vector<std::string> reasons = cuda::sm90_backward_unsupported(p, 8, 0);
+  std::vector<std::string> reasons = cuda::sm90::Family::backward_reasons(p, {8, 0});
   ASSERT_GE(reasons.size(), 2u);
   const std::string all = [&] {
     std::string joined;
@@ -543,9 +544,10 @@ TEST(CudaBackwardReasons, HopperRefusesWhatItCannotRun) {
   EXPECT_NE(all.find("9.0"), std::string::npos) << all;
   EXPECT_NE(all.find("Dv = 256"), std::string::npos) << all;
   p.Dv = 64;
-  if (cuda::sm90_kernels_built()) EXPECT_TRUE(cuda::sm90_backward_unsupported(p, 9, 0).empty());
+  if (cuda::sm90::kernels_built())
+    EXPECT_TRUE(cuda::sm90::Family::backward_reasons(p, {9, 0}).empty());
   p.dq_stride.l = 68;  // not a multiple of 8 elements
-  reasons = cuda::sm90_backward_unsupported(p, 9, 0);
+  reasons = cuda::sm90::Family::backward_reasons(p, {9, 0});
   ASSERT_FALSE(reasons.empty());
   EXPECT_NE(reasons.back().find("dq strides"), std::string::npos) << reasons.back();
 }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/common/dropout_frag.cuh"
+#include "cuda/kernels/common/dropout_frag.cuh"
 #include "memeff/dropout.h"
 
 namespace {

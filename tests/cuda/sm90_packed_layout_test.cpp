@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/common/varlen.cuh"
-#include "cuda/params.h"
-#include "cuda/sm90/bwd_traits.cuh"
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm90/bwd_traits.cuh"
 
 namespace memeff::cuda {
 namespace {
@@ -47,7 +47,7 @@ void check_layout(const std::vector<int>& cu, std::int64_t total, int max_len, i
   p.total_q = p.total_k = total;
   const int bucket = block_m == 128 ? 64 : 128;  // the backward's tiles: (64, 128), (128, 64)
   ASSERT_EQ(sm90::backward_block_m(bucket), block_m);
-  const sm90::BwdWorkspace ws = sm90::backward_workspace_layout(p, bucket, /*packed=*/true);
+  const sm90::BackwardWorkspace ws = sm90::backward_workspace_layout(p, bucket);
   ASSERT_EQ(ws.m_blocks, total / block_m + S);
   // The fragment-order dQ chunks (two of 64 x 64 per block) and lse/delta rows of all heads fit.
   EXPECT_GE(ws.dq_accum_floats, static_cast<std::int64_t>(p.Hq) * ws.m_blocks * 2 * 64 * 64);

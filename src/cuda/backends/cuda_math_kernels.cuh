@@ -1,0 +1,225 @@
+// The device side of the cuda_math backend (src/cuda/cuda_math.cu, its host side): gathers of
+// strided views into dense fp32 buffers and scatters back, the row-wise softmax passes over the
+// score matrices cuBLAS writes (scale, bias, mask, dropout), the backward's row dot products and
+// the bias-gradient reduction. Included by cuda_math.cu alone.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/dropout_map.h"
+#include "cuda/runtime/strided_view.cuh"
+#include "memeff/backend.h"
+
+namespace memeff::detail::cuda_math {
+
+inline constexpr int kThreads = 256;
+
+// dst[(bh - bh0), l, w] (contiguous fp32) = src[b, h, l, w] for bh in [bh0, bh0 + count).
+// A [B, H, L, W] view's rows are numbered (b·H + h)·L + l, as cuda::offset_of counts them.
+__global__ void gather_kernel(cuda::StridedView src, float* dst, std::int64_t bh0,
+                              std::int64_t count) {
+  const std::int64_t W = src.n[3], L = src.n[2];
+  const std::int64_t n = count * L * W;
+  for (std::int64_t x = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; x < n;
+       x += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    dst[x] = static_cast<float>(cuda::load(src, cuda::offset_of(src, bh0 * L + x / W, x % W)));
+  }
+}
+
+// dst[b, h, l, w] = scale · src[(bh - bh0), l, w] for bh in [bh0, bh0 + count).
+__global__ void scatter_kernel(const float* src, cuda::StridedView dst, std::int64_t bh0,
+                               std::int64_t count, float scale) {
+  const std::int64_t W = dst.n[3], L = dst.n[2];
+  const std::int64_t n = count * L * W;
+  for (std::int64_t x = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; x < n;
+       x += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    cuda::store(dst, cuda::offset_of(dst, bh0 * L + x / W, x % W), scale * src[x]);
+  }
+}
+
+// What the row kernels need to know about a chunk of rows.
+struct RowParams {
+  std::int64_t Hq, Lq, Lk, group;
+  std::int64_t bh0;  // first query head (b·Hq + h) of the chunk
+  bool has_bias;
+  cuda::StridedView bias;  // strides 0 on broadcast dimensions
+  bool causal;
+  std::int64_t causal_shift;
+  // Global coordinates (Problem::q_start, k_start): row i and key j draw the map's row
+  // q_start + i and key k_start + j (any k_start: the map is read element by element).
+  std::int64_t q_start, k_start;
+  bool dropout;
+  std::uint32_t threshold;
+  float keep_scale;
+  std::uint64_t seed, offset;
+  const std::uint64_t* seed_ptr;
+  const std::uint64_t* offset_ptr;
+  float* lse;  // [B, Hq, Lq] strided view
+  std::int64_t lse_sb, lse_sh;
+};
+
+__device__ __forceinline__ DropoutKey row_key(const RowParams& p) {
+  const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+  const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+  return dropout_key(seed, offset);
+}
+
+// s + bias, or -inf where the causal mask hides key j.
+__device__ __forceinline__ float masked_score(const RowParams& p, float s, std::int64_t b,
+                                              std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (p.causal && j > i + p.causal_shift) return -INFINITY;
+  if (p.has_bias) {
+    s += static_cast<float>(
+        cuda::load(p.bias, b * p.bias.s[0] + h * p.bias.s[1] + i * p.bias.s[2] + j));
+  }
+  return s;
+}
+
+__device__ float block_reduce(float v, bool is_max) {
+  __shared__ float shared[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, other) : v + other;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // shared[] may still be read by a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? shared[lane] : (is_max ? -INFINITY : 0.f);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, other) : v + other;
+  }
+  return v;
+}
+
+// Forward: one block per row r of the chunk (r = local head · Lq + i). S holds scale·q·k; it
+// becomes P∘Z (the dropped, rescaled probabilities) and lse is written.
+__global__ void softmax_forward_kernel(float* S, RowParams p) {
+  const std::int64_t r = blockIdx.x;
+  const std::int64_t bh = p.bh0 + r / p.Lq, i = r % p.Lq;
+  const std::int64_t b = bh / p.Hq, h = bh % p.Hq;
+  float* row = S + r * p.Lk;
+  float m = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
+    const float s = masked_score(p, row[j], b, h, i, j);
+    row[j] = s;
+    m = fmaxf(m, s);
+  }
+  m = block_reduce(m, true);
+  float sum = 0.f;
+  if (m != -INFINITY) {
+    for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) sum += expf(row[j] - m);
+  }
+  sum = block_reduce(sum, false);
+  const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
+  if (threadIdx.x == 0) p.lse[b * p.lse_sb + h * p.lse_sh + i] = lse;
+  const DropoutKey key = row_key(p);
+  for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
+    float prob = m == -INFINITY ? 0.f : expf(row[j] - m) / sum;
+    if (p.dropout) {
+      prob = dropout_keep_element(key, p.threshold, bh, p.q_start + i, p.k_start + j)
+                 ? prob * p.keep_scale
+                 : 0.f;
+    }
+    row[j] = prob;
+  }
+}
+
+// Backward step 1: S (scale·q·k) becomes P = exp(s + bias - lse), 0 where masked.
+__global__ void probs_backward_kernel(float* S, RowParams p) {
+  const std::int64_t r = blockIdx.x;
+  const std::int64_t bh = p.bh0 + r / p.Lq, i = r % p.Lq;
+  const std::int64_t b = bh / p.Hq, h = bh % p.Hq;
+  const float lse = p.lse[b * p.lse_sb + h * p.lse_sh + i];
+  float* row = S + r * p.Lk;
+  for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
+    const float s = masked_score(p, row[j], b, h, i, j);
+    row[j] = (lse == -INFINITY || s == -INFINITY) ? 0.f : expf(s - lse);
+  }
+}
+
+// Backward step 2: with P in A and dP' = dO·Vᵀ in dP, A becomes P∘Z and dP becomes
+// dS = P∘(Z∘dP' - D_i), D_i = rowsum(dO∘O).
+__global__ void dsoftmax_kernel(float* A, float* dP, const float* Dsum, RowParams p) {
+  const std::int64_t r = blockIdx.x;
+  const std::int64_t bh = p.bh0 + r / p.Lq, i = r % p.Lq;
+  const float d = Dsum[bh * p.Lq + i];
+  const DropoutKey key = row_key(p);
+  float* a = A + r * p.Lk;
+  float* dp = dP + r * p.Lk;
+  for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
+    const float prob = a[j];
+    float z = 1.f;
+    if (p.dropout)
+      z = dropout_keep_element(key, p.threshold, bh, p.q_start + i, p.k_start + j) ? p.keep_scale
+                                                                                   : 0.f;
+    a[j] = prob * z;
+    dp[j] = prob * (z * dp[j] - d);
+  }
+}
+
+// Dsum[bh, i] = Σ_e dO[b,h,i,e]·O[b,h,i,e]; one warp per row.
+__global__ void rowdot_kernel(cuda::StridedView dout, cuda::StridedView out, float* Dsum,
+                              std::int64_t rows) {
+  const std::int64_t row = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float acc = 0.f;
+  for (std::int64_t e = lane; e < out.n[3]; e += 32) {
+    acc += static_cast<float>(cuda::load(dout, cuda::offset_of(dout, row, e))) *
+           static_cast<float>(cuda::load(out, cuda::offset_of(out, row, e)));
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) Dsum[row] = acc;
+}
+
+// dbias_acc[bb, hh, ii, j] += Σ over the chunk's rows that broadcast onto it of dS[row, j].
+// Each target (bb, hh, ii) visits only the rows that map to it. Deterministic: a block is 32
+// columns × 8 row slices, reduced over the slices in a fixed order; chunks run in stream order.
+struct DbiasParams {
+  std::int64_t Hq, Lq, Lk, bh0, heads;  // the chunk: query heads [bh0, bh0 + heads)
+  std::int64_t B, db_B, db_H, db_Q;     // dbias sizes along B, H, Lq (1 where broadcast)
+};
+__global__ void dbias_kernel(const float* dS, float* acc, DbiasParams p) {
+  __shared__ float part[8][32];
+  const std::int64_t j = blockIdx.x * 32 + threadIdx.x;
+  const std::int64_t targets = p.db_B * p.db_H * p.db_Q;
+  for (std::int64_t target = blockIdx.y; target < targets; target += gridDim.y) {
+    const std::int64_t ii = target % p.db_Q, hh = (target / p.db_Q) % p.db_H,
+                       bb = target / (p.db_Q * p.db_H);
+    const std::int64_t nb = p.db_B == 1 ? p.B : 1, nh = p.db_H == 1 ? p.Hq : 1,
+                       ni = p.db_Q == 1 ? p.Lq : 1;
+    float sum = 0.f;
+    if (j < p.Lk) {
+      for (std::int64_t t = threadIdx.y; t < nb * nh * ni; t += 8) {
+        const std::int64_t i = p.db_Q == 1 ? t % ni : ii;
+        const std::int64_t h = p.db_H == 1 ? (t / ni) % nh : hh;
+        const std::int64_t b = p.db_B == 1 ? t / (ni * nh) : bb;
+        const std::int64_t local = b * p.Hq + h - p.bh0;
+        if (local >= 0 && local < p.heads) sum += dS[(local * p.Lq + i) * p.Lk + j];
+      }
+    }
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < p.Lk) {
+      float total = 0.f;
+      for (int y = 0; y < 8; ++y) total += part[y][threadIdx.x];
+      acc[target * p.Lk + j] += total;
+    }
+    __syncthreads();
+  }
+}
+
+inline int grid_for(std::int64_t n) {
+  return static_cast<int>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, 65535 * 8));
+}
+
+}  // namespace memeff::detail::cuda_math

@@ -1,8 +1,0 @@
-// sm90 (Hopper) backward kernels for fp16, head-dim bucket 128 (with and without dropout and bias).
-// One file per instantiation so builds run in parallel and a kernel change recompiles only what
-// it touches.
-#include "cuda/sm90/bwd_run.cuh"
-
-namespace memeff::cuda::sm90 {
-template void run_backward<__half, 128>(BackwardTmaParams, const BwdWorkspace&, cudaStream_t);
-}  // namespace memeff::cuda::sm90

@@ -1,0 +1,122 @@
+// Masking and the additive bias, shared by both kernel families: the mask policy (KeyMask: the
+// trip counts of the kernels' loops under a causal mask and whether a tile needs masking), the
+// masking of a score fragment (the m16n8 C layout of common/softmax.cuh: keys past the end of
+// the sequence and, with a causal mask, keys after the shifted diagonal become -inf), the bias
+// read per element with its broadcast strides, and rows that see a single key (dS exactly 0).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/hostdevice.h"
+#include "core/visible_keys.h"
+#include "cuda/kernels/common/types.cuh"
+
+namespace memeff::cuda {
+
+// Rows row0 (thread's row g) and row0 + 8; columns start at absolute key n0. Query i sees key j
+// iff j < Lk and, when causal, j <= i + causal_shift.
+template <int kNT>
+__device__ __forceinline__ void mask_scores(float (&s)[kNT][4], std::int64_t row0, std::int64_t n0,
+                                            int t, std::int64_t Lk, bool causal,
+                                            std::int64_t causal_shift) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const std::int64_t i = row0 + 8 * hh;
+    const std::int64_t j_limit = causal ? min(Lk, i + causal_shift + 1) : Lk;
+    // Visible columns of this lane within the fragment: 8n + e < lim.
+    const int lim = static_cast<int>(
+        max(min(j_limit - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * n + e >= lim) s[n][2 * hh + e] = -INFINITY;
+      }
+  }
+}
+
+using detail::sees_one_key;  // rows whose dS is exactly 0 (core/visible_keys.h)
+
+// The mask of one sequence as a policy over tiles: the kernels ask it for their trip counts and
+// whether a tile holds an element to mask, and never spell out the causal arithmetic. Query i
+// sees key j iff j < Lk and, when causal, j <= i + shift. A value built where it is used (per
+// tile step), from the lengths as the kernel reads them, so it costs no registers of its own.
+struct KeyMask {
+  bool causal;
+  std::int64_t Lk;     // keys of the sequence
+  std::int64_t shift;  // the causal diagonal: i + shift is the last key query i sees
+
+  // Key tiles [0, n) of kBlockN keys of which some row of the query block [m0, m0 + kBlockM)
+  // sees a key: the forward's trip count over key tiles.
+  template <int kBlockM, int kBlockN>
+  MEMEFF_HD int key_tiles(std::int64_t m0) const {
+    std::int64_t n_end = Lk;  // keys [0, n_end) can be visible to some row of the block
+    if (causal) n_end = min(n_end, m0 + kBlockM + shift);
+    return n_end > 0 ? static_cast<int>((n_end + kBlockN - 1) / kBlockN) : 0;
+  }
+
+  // The first of `m_blocks` query blocks of kBlockM rows with a row that sees key n0 (and so
+  // any key of the block starting there): the backward's trip count over query blocks starts
+  // here (m_blocks when none does).
+  template <int kBlockM>
+  MEMEFF_HD int first_query_block(std::int64_t n0, int m_blocks) const {
+    if (!causal) return 0;
+    const std::int64_t need = n0 - shift - (kBlockM - 1);  // the smallest m·kBlockM it takes
+    if (need <= 0) return 0;
+    return static_cast<int>(
+        min((need + kBlockM - 1) / kBlockM, static_cast<std::int64_t>(m_blocks)));
+  }
+
+  // Whether the tile of kBlockN keys from n0 holds a key some row from m0 on must not see: it
+  // crosses the end of the keys or the diagonal of row m0 (the tile's first row).
+  template <int kBlockN>
+  MEMEFF_HD bool tile_needs_mask(std::int64_t m0, std::int64_t n0) const {
+    return n0 + kBlockN > Lk || (causal && n0 + kBlockN - 1 > m0 + shift);
+  }
+
+  MEMEFF_HD bool visible(std::int64_t i, std::int64_t j) const {
+    return !(j >= Lk || (causal && j > i + shift));
+  }
+  MEMEFF_HD bool sees_one_key(std::int64_t i) const {
+    return detail::sees_one_key(i, Lk, causal, shift);
+  }
+  // -inf where the fragment's rows row0 and row0 + 8 must not see its keys (from n0).
+  template <int kNT>
+  __device__ __forceinline__ void apply(float (&s)[kNT][4], std::int64_t row0, std::int64_t n0,
+                                        int t) const {
+    mask_scores(s, row0, n0, t, Lk, causal, shift);
+  }
+};
+
+template <class T>
+__device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::int64_t index) {
+  return is_fp32 ? __ldg(static_cast<const float*>(bias) + index)
+                 : to_float<T>(static_cast<const T*>(bias)[index]);
+}
+
+// s = scale·s + bias(i, j) for the fragment's two rows (0 where i >= Lq or j >= Lk). `base` is
+// the offset of (b, h) in the bias, `stride_l` its row stride (0 when broadcast over queries).
+template <class T, int kNT>
+__device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* bias, bool is_fp32,
+                                                std::int64_t base, std::int64_t stride_l,
+                                                std::int64_t row0, std::int64_t n0, int t,
+                                                std::int64_t Lq, std::int64_t Lk, float scale) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const std::int64_t i = row0 + 8 * hh;
+    const std::int64_t row_base = base + i * stride_l;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const std::int64_t j = n0 + 8 * n + 2 * t + e;
+        const float bv = (i < Lq && j < Lk) ? load_bias<T>(bias, is_fp32, row_base + j) : 0.0f;
+        s[n][2 * hh + e] = fmaf(s[n][2 * hh + e], scale, bv);
+      }
+  }
+}
+
+}  // namespace memeff::cuda

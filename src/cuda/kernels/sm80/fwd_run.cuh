@@ -1,0 +1,64 @@
+// Host side of one sm80 forward instantiation: the dropout and packed-sequence switches turned
+// into template arguments, the shared-memory opt-in and the launch. Included only by the
+// per-instantiation files inst/fwd_*.cu (one dtype x head dim each).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm80/fwd_kernel.cuh"
+#include "cuda/kernels/sm80/fwd_traits.cuh"
+#include "cuda/kernels/sm80/instances.h"
+#include "cuda/runtime/check.h"
+
+namespace memeff::cuda::sm80 {
+
+template <class T, class Tr, bool kDropout, bool kPacked>
+void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
+  auto kernel = attention_forward_kernel<T, Tr, kDropout, kPacked>;
+  // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
+  static std::atomic<unsigned long long> opted_in{0};
+  once_per_device(opted_in, [&] {
+    check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
+        "cudaFuncSetAttribute(forward kernel, max dynamic shared memory)");
+  });
+  dim3 grid;
+  if constexpr (kPacked) {
+    // Query tiles of all sequences (an upper bound from the row count, so no host read of the
+    // offsets: graph capture and unchecked offsets work) x heads; surplus CTAs return at once.
+    const std::int64_t tiles = varlen_tile_bound(params.total_q, params.B, params.Lq, Tr::kBlockM);
+    if (tiles == 0) return;
+    grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(params.Hq));
+  } else {
+    grid = dim3(static_cast<unsigned>(params.B * params.Hq),
+                static_cast<unsigned>((params.Lq + Tr::kBlockM - 1) / Tr::kBlockM));
+  }
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params);
+  check_launch("attention_forward_kernel launch");
+}
+
+template <class T, class Tr, bool kDropout>
+void launch_forward_layout(const ForwardParams& params, cudaStream_t stream) {
+  if (params.cu_seqlens_q != nullptr) {
+    launch_forward_kernel<T, Tr, kDropout, true>(params, stream);
+  } else {
+    launch_forward_kernel<T, Tr, kDropout, false>(params, stream);
+  }
+}
+
+template <class T, int kHeadDim>
+void run_forward(const ForwardParams& params, cudaStream_t stream) {
+  using Tr = typename FwdConfig<kHeadDim>::Traits;
+  if (params.has_dropout) {
+    launch_forward_layout<T, Tr, true>(params, stream);
+  } else {
+    launch_forward_layout<T, Tr, false>(params, stream);
+  }
+}
+
+}  // namespace memeff::cuda::sm80

@@ -1,0 +1,8 @@
+// The sm80 backward kernels for fp16, head-dim bucket 256 (with and without dropout, dense and
+// packed). One file per instantiation, so builds run in parallel and a kernel change recompiles
+// only what it touches.
+#include "cuda/kernels/sm80/bwd_run.cuh"
+
+namespace memeff::cuda::sm80 {
+template void run_backward<__half, 256>(BackwardParams, void*, cudaStream_t);
+}  // namespace memeff::cuda::sm80

@@ -1,0 +1,8 @@
+// The sm80 forward kernels for fp16, head-dim bucket 128 (with and without dropout, dense and
+// packed). One file per instantiation, so builds run in parallel and a kernel change recompiles
+// only what it touches.
+#include "cuda/kernels/sm80/fwd_run.cuh"
+
+namespace memeff::cuda::sm80 {
+template void run_forward<__half, 128>(const ForwardParams&, cudaStream_t);
+}  // namespace memeff::cuda::sm80

@@ -1,0 +1,636 @@
+// The sm90 (Hopper, sm_90a) fused attention backward: warp-specialized, TMA-fed, wgmma-based.
+//
+// One CTA per key block of kBlockN = 128 keys and (batch, kv head); it walks the query blocks
+// (and, with GQA, the query heads of its kv head) that see any of its keys. Warpgroup 0 is the
+// producer: one thread issues the TMA loads of each step's Q and dO tiles and the 1-d bulk
+// into a kStages-deep ring; the consumers copy the step's lse·log2(e) and delta = rowsum(dO ∘ O)
+// themselves. Warpgroups 1 and 2 are consumers, each owning 64 keys: after loading K and V once,
+// per step they compute
+//   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ  (wgmma, both operands in shared memory),
+//   Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e), dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta)   (registers),
+//   dV += (Pᵀ ∘ Z)·dO and dK += dSᵀ·Q  (wgmma with Pᵀ and dSᵀ from registers),
+// write dSᵀ to shared memory and, once both warpgroups have, dQ = dS·K for their 64 x 64 half of
+// the step's dQ (wgmma, dS read M-major), which goes through shared memory into the fp32
+// workspace by one bulk reduce-add per warpgroup and step. dK and dV stay in registers until
+// the end and are written once (summed over the query heads of a GQA group).
+//
+// Dropout in the Sᵀ orientation, from the documented map (docs/dropout.md) so the mask is the
+// forward's and the reference's bit for bit. The rows of K and V are loaded permuted inside each
+// 64-key block: warp w's rows hold the keys 8g + 2w + {0, 1} (g = 0..7), the 16 keys of column
+// class w. Then, per query, the 16 bytes of the one Philox call of (query, 64-key block, class w)
+// belong to the eight lanes of one lane column (lane g has bytes 2g, 2g + 1): each lane computes
+// one call per 16 of its elements and the eight lanes trade their 2-bit shares with an 8 x 8
+// transpose of nibbles (three shuffles per 64 queries). Nothing else sees the permutation: dS
+// rows in shared memory follow K's rows, so dQ = dS·K sums the same keys, and dK, dV are
+// written through shared memory to their true rows.
+//
+// Packed sequences (kPacked, params.h: cu_seqlens_q/k): the grid is (key tiles, Hkv) and CTA x
+// takes the key block of the varlen tile scheduler over cu_seqlens_k (src/cuda/common/varlen.cuh),
+// so a sequence gets one CTA per 128 of its keys (one with none, for dk = dv = 0, when it has no
+// queries) and CTAs past the last tile exit. Everything else is the sequence's: its query blocks
+// (Q and dO boxes at its first packed row plus the block's; rows past its end are the next
+// sequence's, whose lse·log2(e) the preprocess set to +inf in the padded workspace, so their P and
+// dS are 0), its keys (loaded by index, zero past its end), its causal diagonal, the dropout map
+// of b = s at positions inside it, and its own block-aligned region of the dQ workspace
+// (packed_block0 in bwd_traits.cuh).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/dropout_map.h"
+#include "cuda/kernels/common/bwd_dbias.cuh"
+#include "cuda/kernels/common/cp_async.cuh"
+#include "cuda/kernels/common/dropout_frag.cuh"
+#include "cuda/kernels/common/mask.cuh"
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/softmax.cuh"
+#include "cuda/kernels/common/types.cuh"
+#include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm90/bwd_traits.cuh"
+#include "cuda/kernels/sm90/ptx.cuh"
+#include "cuda/kernels/sm90/wgmma_ops.cuh"
+
+namespace memeff::cuda::sm90 {
+
+// The eight 2-bit fields of x (16 bits) moved to the low halves of eight nibbles.
+__device__ __forceinline__ std::uint32_t spread_bit_pairs(std::uint32_t x) {
+  x = (x | (x << 8)) & 0x00FF00FFu;
+  x = (x | (x << 4)) & 0x0F0F0F0Fu;
+  return (x | (x << 2)) & 0x33333333u;
+}
+
+// An 8 x 8 matrix of nibbles over the eight lanes of a lane column (lanes 4g + t, g = 0..7):
+// lane g holds row g, nibble d of its word is column d. Returns the transpose: lane g then holds
+// column g, nibble s being row s's. Three butterfly steps, each swapping the nibbles whose index
+// bit k differs from the lane's g bit k with the partner lane (lane ^ (4 << k)).
+__device__ __forceinline__ std::uint32_t transpose_nibbles8(std::uint32_t w, int g) {
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    const int shift = 4 << k;
+    const std::uint32_t low = k == 0 ? 0x0F0F0F0Fu : (k == 1 ? 0x00FF00FFu : 0x0000FFFFu);
+    const bool upper = (g >> k) & 1;
+    const std::uint32_t send = upper ? (w & low) << shift : (w >> shift) & low;
+    const std::uint32_t recv = __shfl_xor_sync(0xFFFFFFFFu, send, 4 << k);
+    w = (upper ? (w & ~low) : (w & low)) | recv;
+  }
+  return w;
+}
+
+// The key (within the CTA's kBlockN) held by shared-memory row `row` of K and V: inside each
+// 64-key block, row 16w + 8h + g holds key 8g + 2w + h.
+__device__ __forceinline__ int bwd_key_of_row(int row) {
+  const int r = row & 63;
+  return (row & ~63) + 8 * (r & 7) + 2 * (r >> 4) + ((r >> 3) & 1);
+}
+
+// A packed call's key block with its sequence. Plain members only: it lives in a __shared__
+// variable.
+struct PackedKeyBlock {
+  int valid;  // 0: the CTA's tile is past the last one (it exits)
+  int seq, block;
+  int q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan; packed rows fit in int32)
+  int m_base;  // its first query block in the workspace's per-head layout (packed_block0)
+};
+
+// The CTA's key block (tile blockIdx.x of the scheduler over cu_seqlens_k): warp 0 runs the
+// scheduler's scan, thread 0 stores the result in shared memory, every thread of the CTA gets its
+// address. A CTA-wide barrier: call it from all threads, before the roles split.
+template <int kBlockN, int kBlockM>
+__device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const BackwardParams& p) {
+  __shared__ PackedKeyBlock slot;
+  if (threadIdx.x < 32) {
+    PackedKeyBlock kb{};
+    const VarlenTile vt = varlen_tile(p.cu_seqlens_k, p.B, p.total_k, p.Lk, kBlockN,
+                                      static_cast<std::int64_t>(blockIdx.x));
+    if (vt.seq < p.B) {
+      const SeqSpan span = seq_span(p, vt.seq);
+      kb.valid = 1;
+      kb.seq = vt.seq;
+      kb.block = vt.block;
+      kb.q0 = static_cast<int>(span.q0);
+      kb.k0 = static_cast<int>(span.k0);
+      kb.Lq = static_cast<int>(span.Lq);
+      kb.Lk = static_cast<int>(span.Lk);
+      kb.causal_shift = static_cast<int>(span.causal_shift);
+      kb.m_base = static_cast<int>(packed_block0(span.q0, vt.seq, kBlockM));
+    }
+    if (threadIdx.x == 0) slot = kb;
+  }
+  __syncthreads();
+  return &slot;
+}
+
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
+  static_assert(!(kPacked && kBias), "packed calls take no bias");
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
+  // launcher runs this kernel on compute capability 9.0 alone.
+  __trap();
+#else
+  constexpr int kNT = Tr::kNT, kDT = Tr::kDT, kStages = Tr::kStages;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
+  const BackwardParams& p = tp.p;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const std::uint32_t raw = smem_addr(smem_raw);
+  const std::uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);  // the same address, as a pointer
+  const std::uint32_t sK = base + Tr::kOffK, sV = base + Tr::kOffV;
+  auto sQ = [&](int s) { return base + Tr::kOffQ + s * Tr::kQBytes; };
+  auto sDo = [&](int s) { return base + Tr::kOffDo + s * Tr::kQBytes; };
+  auto full = [&](int s) { return base + Tr::kOffBar + 8u * s; };
+  auto empty = [&](int s) { return base + Tr::kOffBar + 8u * (kStages + s); };
+
+  const int tid = threadIdx.x;
+  // Broadcast from lane 0 so the compiler knows the role is warp-uniform.
+  const int warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
+  // Packed: the CTA's key block and sequence (an extra CTA-wide barrier); one past the last tile
+  // leaves at once, every thread, before any barrier is set up. The dense code below reads the
+  // problem's values wherever a packed call reads the sequence's (kPacked ? pk.x : p.x).
+  // The consumers read the values their main loop needs (keys, first key row, workspace block)
+  // from pk_smem where they use them, not from registers held through the loop: the head-dim-128
+  // backward is at its register limit.
+  [[maybe_unused]] PackedKeyBlock pk{};
+  [[maybe_unused]] const PackedKeyBlock* pk_smem = nullptr;
+  if constexpr (kPacked) {
+    pk_smem = packed_key_block_of_cta<kBlockN, kBlockM>(p);
+    pk = *pk_smem;
+    if (!pk.valid) return;
+  }
+  const int key_block = kPacked ? pk.block : static_cast<int>(blockIdx.x) + tp.key_block_base;
+  const int y = static_cast<int>(blockIdx.y) + tp.head_base;
+  // Packed: b = the sequence (the dropout map's b; the b strides are 0), grid y the kv head.
+  const int b = kPacked ? pk.seq : y / p.Hkv, kvh = kPacked ? y : y % p.Hkv;
+  const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBlockN;
+
+  // Query blocks that see any key of this block: all, or (causal) those with a row i where
+  // n0 <= i + shift for some i in the block.
+  const int m_blocks = kPacked ? (pk.Lq + kBlockM - 1) / kBlockM : tp.m_blocks;
+  const int m_begin =
+      KeyMask{is_causal(p), kPacked ? pk.Lk : p.Lk, kPacked ? pk.causal_shift : p.causal_shift}
+          .first_query_block<kBlockM>(n0, m_blocks);
+  const int m_count = m_blocks - m_begin;
+  const int items = m_count * p.group;  // (query head of the group, query block) steps
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 4 * Tr::kConsumers);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
+
+  if (warpgroup == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0 && items > 0) {
+      prefetch_tensor_map(&tp.q);
+      prefetch_tensor_map(&tp.dout);
+      for (int it = 0; it < items; ++it) {
+        const int s = it % kStages;
+        const std::uint32_t phase = (it / kStages) & 1;
+        const int hg = it / m_count, m = m_begin + it % m_count;
+        const int h = kvh * p.group + hg;
+        mbar_wait(empty(s), phase ^ 1);
+        mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes);
+        // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
+        const int row = m * kBlockM + (kPacked ? pk.q0 : 0), batch = kPacked ? 0 : b;
+#pragma unroll
+        for (int db = 0; db < Tr::kDBlocks; ++db) {
+          tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
+          tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, row, h, batch);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int wg = warpgroup - 1;  // consumer index: keys 64·wg .. 64·wg + 63 of the block
+  const int ctid = tid - 128 * warpgroup;  // thread within the warpgroup
+  const int warp = ctid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // The sequence's keys (dense: the problem's, read where used as before: a local copy would
+  // hold two more registers through the main loop); packed: its first key row and its first query
+  // block in the workspace's per-head layout.
+  auto seq_Lk = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->Lk;
+    } else {
+      return p.Lk;
+    }
+  };
+  auto k0 = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->k0;
+    } else {
+      return 0;
+    }
+  };
+  [[maybe_unused]] auto m_base = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return pk_smem->m_base;
+    } else {
+      return 0;
+    }
+  };
+
+  // K and V, rows permuted inside each 64-key block (bwd_key_of_row), 16-byte chunks placed as
+  // the 128-byte swizzle wants them; keys past Lk (packed: the sequence's) and columns past D / Dv
+  // are zero.
+  {
+    const T* kg =
+        static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
+    const T* vg =
+        static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
+    constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
+    for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
+      const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
+      const std::int64_t key = n0 + bwd_key_of_row(row);
+      const int col = 64 * db + 8 * chunk;
+      const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
+      const bool row_ok = key < seq_Lk();
+      const std::int64_t kc = row_ok ? key : 0;
+      cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
+                  row_ok && col < p.D ? 16 : 0);
+      cp_async_16(smem + Tr::kOffV + dst, vg + kc * p.v_stride.l + (col < p.Dv ? col : 0),
+                  row_ok && col < p.Dv ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_smem();  // written by ordinary copies, read by wgmma
+    named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
+  }
+
+  detail::DropoutKey rng_key{0u, 0u};
+  if constexpr (kDropout) {
+    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+    const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+    rng_key = detail::dropout_key(seed, offset);
+  }
+  // dV, dK, dQ and dbias are accumulated from Pᵀ∘M and dSᵀ / keep_scale (see the dS step).
+  const float ds_scale = kDropout ? p.keep_scale : 1.0f;
+  const bool causal = is_causal(p);
+  const std::int64_t causal_shift = kPacked ? pk.causal_shift : p.causal_shift;
+  // This thread's keys (its rows of Sᵀ in row halves 0 and 1): key0 and key0 + 1.
+  const std::int64_t key0 = n0 + 64 * wg + 8 * g + 2 * warp;
+  // The dropout map's block of these keys and (below) rows: global coordinates (params.h).
+  const std::uint64_t key_block64 = static_cast<std::uint64_t>((n0 + 64 * wg) / 64) + p.k_block64;
+
+  float dk[kDT][4], dv[kDT][4];
+#pragma unroll
+  for (int j = 0; j < kDT; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dk[j][r] = dv[j][r] = 0.0f;
+
+  // Descriptors: this warpgroup's K and V rows (A, K-major); the stage's Q and dO as the B of
+  // Sᵀ, dPᵀ (K-major) and of dK, dV (N-major, N = head dim); dS (A of dQ, M-major) and K (B of
+  // dQ, N-major). Stages and steps move only the start address.
+  const std::uint64_t k_desc = smem_desc_sw128(sK + wg * 64 * 128, 16, 1024);
+  const std::uint64_t v_desc = smem_desc_sw128(sV + wg * 64 * 128, 16, 1024);
+  const std::uint64_t q_desc_k = smem_desc_sw128(sQ(0), 16, 1024);
+  const std::uint64_t do_desc_k = smem_desc_sw128(sDo(0), 16, 1024);
+  const std::uint64_t q_desc_n = smem_desc_sw128(sQ(0), Tr::kQBlockBytes, 1024);
+  const std::uint64_t do_desc_n = smem_desc_sw128(sDo(0), Tr::kQBlockBytes, 1024);
+  const std::uint64_t ds_desc = smem_desc_sw128(
+      base + Tr::kOffDs + (Tr::kDqSplitRows ? wg * kBlockN * 128 : 0), kBlockN * 128, 1024);
+  const std::uint64_t kdq_desc = smem_desc_sw128(
+      sK + (Tr::kDqSplitRows ? 0 : wg * Tr::kKVBlockBytes), Tr::kKVBlockBytes, 1024);
+
+  const DbiasMode dbias_mode = kBias ? tp.dbias_mode : DbiasMode::none;
+  const std::int64_t bias_b = kBias ? b * p.bias_stride.b : 0;
+  unsigned char* const dq_stage = smem + Tr::kOffDq + wg * Tr::kDqBytes;
+
+  // Dropout keep-bits of an item: keep[kb] nibble n' bit 2e + h is the element of row half h
+  // and column e of n8 tile 8·kb + n'. Drawn while the tensor cores run the item's Sᵀ and dPᵀ
+  // (measured on the H200: drawing the next item's under dV, dK and dQ instead was 2% slower on
+  // the head-dim-128 shapes and spilled with 128 queries per step).
+  constexpr int kKeepWords = kDropout ? kNT / 8 : 1;
+  auto draw_keep = [&](int item, std::uint32_t(&words)[kKeepWords]) {
+    if constexpr (kDropout) {
+      const int hg = item / m_count, m = m_begin + item % m_count;
+      const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + kvh * p.group + hg;
+      const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
+#pragma unroll
+      for (int kb = 0; kb < kNT / 8; ++kb) {
+        std::uint32_t bits[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const std::int64_t i = m0 + 64 * kb + 8 * g + 2 * t + e;
+          bits[e] = keep_bits16_fast(
+              detail::dropout_call(rng_key, bh, static_cast<std::uint64_t>(i) + p.q_start,
+                                   key_block64, static_cast<std::uint32_t>(warp)),
+              p.keep_threshold);
+        }
+        words[kb] =
+            transpose_nibbles8(spread_bit_pairs(bits[0]) | (spread_bit_pairs(bits[1]) << 2), g);
+      }
+    }
+  };
+  std::uint32_t keep[kKeepWords] = {};
+
+  // lse·log2(e) and delta of an item's queries, copied by each consumer warpgroup into its own
+  // double buffer one item ahead (ordinary asynchronous copies) by warps 1 .. 2·kStatChunks/32,
+  // not warp 0: its thread 0 issues the dQ bulk reductions, which the hardware counts with the
+  // same scoreboard as cp.async, so waiting for its copies would wait for the last reduction too
+  // (measured on the H200: 12% of the gpt-2k backward).
+  constexpr int kStatChunks = Tr::kStatBytes / 16;
+  const int stat_copy = ctid - 32;  // this thread's 16-byte chunk, when in [0, 2·kStatChunks)
+  const bool stat_copier = stat_copy >= 0 && stat_copy < 2 * kStatChunks;  // whole warps
+  auto stats = [&](int buffer, int array) {
+    return smem + Tr::kOffStats + ((wg * 2 + buffer) * 2 + array) * Tr::kStatBytes;
+  };
+  auto prefetch_stats = [&](int item) {
+    if (stat_copier) {
+      const int hg = item / m_count, m = m_begin + item % m_count;
+      std::int64_t row;
+      if constexpr (kPacked) {  // the sequence's region of head h (b strides are 0)
+        row =
+            (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base() + m) * kBlockM;
+      } else {
+        row = (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
+              static_cast<std::int64_t>(m) * kBlockM;
+      }
+      const int array = stat_copy / kStatChunks, chunk = stat_copy % kStatChunks;
+      const float* src = (array == 0 ? tp.lse_log2 : p.softmax_d) + row + 4 * chunk;
+      cp_async_16(stats(item & 1, array) + 16 * chunk, src, 16);
+      cp_async_commit();
+    }
+  };
+  if (items > 0) prefetch_stats(0);
+
+  for (int it = 0; it < items; ++it) {
+    const int s = it % kStages, buf = it & 1;
+    const std::uint32_t phase = (it / kStages) & 1;
+    const int hg = it / m_count, m = m_begin + it % m_count;
+    const int h = kvh * p.group + hg;
+    const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
+    const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
+    // This item's stats have landed (this thread's copies, then the warpgroup's); the other
+    // buffer was last read in the previous item, which every thread of the warpgroup has left.
+    if (stat_copier) cp_async_wait<0>();
+    named_bar_sync(Tr::kStatBarrier + wg, 128);
+    if (it + 1 < items) prefetch_stats(it + 1);
+    const float* lse_s = reinterpret_cast<const float*>(stats(it & 1, 0));
+    const float* delta_s = reinterpret_cast<const float*>(stats(it & 1, 1));
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 64 keys x kBlockM queries each.
+    float sacc[kNT][4], dpacc[kNT][4];
+    mbar_wait(full(s), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kSdPSteps; ++ks) {
+      const std::uint32_t a_off = (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
+      const std::uint32_t b_off = s * Tr::kQBytes + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
+      Wgmma<T, kBlockM>::template ss<0, 0>(sacc, desc_advance(k_desc, a_off),
+                                           desc_advance(q_desc_k, b_off), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kSdPSteps; ++ks) {
+      const std::uint32_t a_off = (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
+      const std::uint32_t b_off = s * Tr::kQBytes + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
+      Wgmma<T, kBlockM>::template ss<0, 0>(dpacc, desc_advance(v_desc, a_off),
+                                           desc_advance(do_desc_k, b_off), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    draw_keep(it, keep);
+
+    const KeyMask mask{causal, seq_Lk(), causal_shift};
+    const bool need_mask = mask.tile_needs_mask<kBlockN>(m0, n0);
+    const std::int64_t bias_row0 = kBias ? bias_b + h * p.bias_stride.h : 0;
+
+    // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked.
+    wgmma_wait<1>();
+    fence_operands(sacc);
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int e = r & 1, hh = r >> 1;
+        const float lse2 = e ? l2.y : l2.x;
+        float x;
+        if constexpr (kBias) {
+          const std::int64_t i = m0 + 8 * n + 2 * t + e, j = key0 + hh;
+          const float bv =
+              (i < p.Lq && j < p.Lk)
+                  ? load_bias<T>(p.bias, p.bias_is_fp32, bias_row0 + i * p.bias_stride.l + j)
+                  : 0.0f;
+          x = fmaf(fmaf(sacc[n][r], p.scale, bv), kLog2e, -lse2);
+        } else {
+          x = fmaf(sacc[n][r], p.scale_log2, -lse2);
+        }
+        sacc[n][r] = fast_exp2(x);
+      }
+    }
+    if (need_mask) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
+          if (!mask.visible(i, j)) sacc[n][r] = 0.0f;
+        }
+    }
+
+    // dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta) into dpacc, Pᵀ ∘ Z into sacc. With dropout Z = M·keep_scale
+    // (M the 0/1 mask) and both are kept divided by keep_scale: Pᵀ∘M and Pᵀ∘(M∘dPᵀ − delta /
+    // keep_scale) (the preprocess stores delta / keep_scale), a mask and two ANDs per element
+    // more than without dropout; the epilogues, the dQ conversion and dbias multiply keep_scale
+    // back in (ds_scale).
+    wgmma_wait<0>();
+    fence_operands(dpacc);
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int e = r & 1, hh = r >> 1;
+        const float pv = sacc[n][r];
+        if constexpr (kDropout) {
+          // All ones where kept, 0 where dropped: the bit moved to the sign, then replicated.
+          const std::uint32_t kept = static_cast<std::uint32_t>(
+              static_cast<std::int32_t>(keep[n / 8] << (31 - (4 * (n % 8) + 2 * e + hh))) >> 31);
+          sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
+          dpacc[n][r] =
+              pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
+        } else {
+          dpacc[n][r] = pv * (dpacc[n][r] - (e ? dl.y : dl.x));
+        }
+      }
+    }
+    // kv_block: the row may see other keys elsewhere (never packed: validation).
+    if (need_mask && (kPacked || !p.kv_block)) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (mask.sees_one_key(m0 + 8 * n + 2 * t + e)) {
+            dpacc[n][e] = 0.0f;
+            dpacc[n][2 + e] = 0.0f;
+          }
+        }
+    }
+    if constexpr (kBias) {
+      write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1, t);
+    }
+
+    // Pᵀ∘Z and dSᵀ as wgmma A fragments (16 queries per k-step).
+    std::uint32_t pf[Tr::kKVSteps][4], dsf[Tr::kKVSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
+      pf[kk][0] = pack2<T>(sacc[2 * kk][0], sacc[2 * kk][1]);
+      pf[kk][1] = pack2<T>(sacc[2 * kk][2], sacc[2 * kk][3]);
+      pf[kk][2] = pack2<T>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+      pf[kk][3] = pack2<T>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+      dsf[kk][0] = pack2<T>(dpacc[2 * kk][0], dpacc[2 * kk][1]);
+      dsf[kk][1] = pack2<T>(dpacc[2 * kk][2], dpacc[2 * kk][3]);
+      dsf[kk][2] = pack2<T>(dpacc[2 * kk + 1][0], dpacc[2 * kk + 1][1]);
+      dsf[kk][3] = pack2<T>(dpacc[2 * kk + 1][2], dpacc[2 * kk + 1][3]);
+    }
+
+    // dV += (Pᵀ∘Z)·dO and dK += dSᵀ·Q.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
+      Wgmma<T, kHeadDim>::template rs<1>(
+          dv, pf[kk], desc_advance(do_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
+      Wgmma<T, kHeadDim>::template rs<1>(
+          dk, dsf[kk], desc_advance(q_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
+    }
+    wgmma_commit();
+
+    // dSᵀ to shared memory: [query / 64][key row][64 queries], 16-byte chunks swizzled by row.
+    {
+      unsigned char* const ds_buf = smem + Tr::kOffDs + buf * Tr::kDsBytes;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = 64 * wg + 16 * warp + 8 * hh + g;
+          const int off = (n / 8) * (kBlockN * 128) + row * 128 + (((n % 8) ^ g) << 4) + 4 * t;
+          *reinterpret_cast<std::uint32_t*>(ds_buf + off) = dsf[n / 2][(n % 2) * 2 + hh];
+        }
+      fence_proxy_async_smem();
+      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // both halves of dS written
+    }
+
+    // dQ (64 x 64 of this warpgroup) = dS·K over the block's 128 keys.
+    float dq[8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kDqSteps; ++kk) {
+      Wgmma<T, 64>::template ss<1, 1>(dq, desc_advance(ds_desc, buf * Tr::kDsBytes + kk * 2048),
+                                      desc_advance(kdq_desc, kk * 2048), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dq);
+    fence_operands(dk);
+    fence_operands(dv);
+    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage's Q, dO, lse, delta
+
+    // dQ through shared memory (the order bwd_sm90_convert_dq_kernel reads) into the workspace.
+    if (ctid == 0) bulk_wait_read<0>();  // the previous step's reduction has read the buffer
+    named_bar_sync(Tr::kDqBarrier + wg, 128);
+#pragma unroll
+    for (int f = 0; f < 8; ++f) {
+      *reinterpret_cast<float4*>(dq_stage + (f * 128 + ctid) * 16) =
+          make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
+    }
+    fence_proxy_async_smem();
+    named_bar_sync(Tr::kDqBarrier + wg, 128);
+    if (ctid == 0) {
+      std::int64_t chunk;
+      if constexpr (kPacked) {
+        chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
+      } else {
+        chunk = (bh * m_blocks + m) * 2 + wg;
+      }
+      if (p.deterministic) {
+        // Key blocks add into a chunk in order: this one waits for its turn. Packed calls wait
+        // for "at least" and raise the counter monotonically: with unchecked offsets two
+        // sequences may share chunks, and an exact turn could then be skipped and wait forever.
+        int* turn = tp.dq_turn + chunk;
+        if constexpr (kPacked) {
+          while (ld_acquire(turn) < key_block) {
+          }
+        } else {
+          while (ld_acquire(turn) != key_block) {
+          }
+        }
+        fence_proxy_async_global();
+      }
+      bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, base + Tr::kOffDq + wg * Tr::kDqBytes,
+                          Tr::kDqBytes);
+      bulk_commit();
+      if (p.deterministic) {
+        bulk_wait<0>();
+        fence_proxy_async_global();
+        if constexpr (kPacked) {
+          red_release_max(tp.dq_turn + chunk, key_block + 1);
+        } else {
+          st_release(tp.dq_turn + chunk, key_block + 1);
+        }
+      }
+    }
+  }
+  if (ctid == 0) bulk_wait<0>();
+
+  // dK·scale and dV (times keep_scale, see the dS step) through shared memory (the Q, dO and
+  // dS buffers, free now: every TMA load was consumed and every wgmma waited for) to their rows
+  // in global memory.
+  named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
+  unsigned char* const out_k = smem + Tr::kOffQ;
+  unsigned char* const out_v = out_k + Tr::kOutBytes;
+  constexpr int kRowBytes = kHeadDim * 2;
+  const float dk_scale = p.scale * ds_scale;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = 64 * wg + 8 * g + 2 * warp + hh;  // the key, unpermuted
+#pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      const int off = row * kRowBytes + ((j ^ ((row >> 3) & 7)) << 4) + 4 * t;
+      *reinterpret_cast<std::uint32_t*>(out_k + off) =
+          pack2<T>(dk[j][2 * hh] * dk_scale, dk[j][2 * hh + 1] * dk_scale);
+      *reinterpret_cast<std::uint32_t*>(out_v + off) =
+          pack2<T>(dv[j][2 * hh] * ds_scale, dv[j][2 * hh + 1] * ds_scale);
+    }
+  }
+  named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
+  T* const dkg =
+      static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h + k0() * p.dk_stride.l;
+  T* const dvg =
+      static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h + k0() * p.dv_stride.l;
+  constexpr int kRowChunks = kHeadDim / 8;
+  for (int c = ctid + 128 * wg; c < kBlockN * kRowChunks; c += 128 * Tr::kConsumers) {
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    const std::int64_t key = n0 + row;
+    if (key >= seq_Lk()) continue;
+    const int col = 8 * chunk;
+    const int off = row * kRowBytes + ((chunk ^ ((row >> 3) & 7)) << 4);
+    if (col < p.D) {
+      *reinterpret_cast<uint4*>(dkg + key * p.dk_stride.l + col) =
+          *reinterpret_cast<const uint4*>(out_k + off);
+    }
+    if (col < p.Dv) {
+      *reinterpret_cast<uint4*>(dvg + key * p.dv_stride.l + col) =
+          *reinterpret_cast<const uint4*>(out_v + off);
+    }
+  }
+#endif
+}
+
+}  // namespace memeff::cuda::sm90

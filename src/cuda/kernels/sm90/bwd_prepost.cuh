@@ -1,0 +1,121 @@
+// The small kernels around the sm90 backward's main kernel that only its layouts need: the
+// packed calls' preprocess (delta and lse·log2(e) into each sequence's own query-block-padded
+// workspace blocks; dense calls use common/bwd_prepost.cuh's) and the conversion of the fp32 dQ
+// workspace (in the order the consumer warpgroups stage it) into dq in its own dtype and strides.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/softmax.cuh"
+#include "cuda/kernels/common/types.cuh"
+#include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm90/bwd_traits.cuh"
+
+namespace memeff::cuda::sm90 {
+
+// The preprocess of packed calls (common/bwd_prepost.cuh's kernel for their layout): delta =
+// delta_scale·rowsum(dO ∘ O) and lse·log2(e) (+inf past the sequence's end and for rows without a
+// visible key). One CTA per (query tile, head) of the tile scheduler over the sequences'
+// kBlockM-row blocks, each warp finding the tile itself; it fills the whole
+// workspace block (packed_block0 in bwd_traits.cuh) of that tile, the rows past the sequence's end
+// as padding, so the main kernel never reads a row another sequence owns. Grid (tiles, heads),
+// heads past 65535 looped.
+template <class T, int kLanes, int kBlockM>
+__global__ void bwd_preprocess_packed_kernel(BackwardParams p, float* lse_log2, int m_blocks,
+                                             float delta_scale) {
+  constexpr int kRowsPerPass = 256 / kLanes;
+  const VarlenTile tile = varlen_tile(p.cu_seqlens_q, p.B, p.total_q, p.Lq, kBlockM,
+                                      static_cast<std::int64_t>(blockIdx.x));
+  if (tile.seq >= p.B) return;
+  const SeqSpan span = seq_span(p, tile.seq);
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const std::int64_t block = packed_block0(span.q0, tile.seq, kBlockM) + tile.block;
+  for (int h = static_cast<int>(blockIdx.y); h < p.Hq; h += static_cast<int>(gridDim.y)) {
+    const T* o = static_cast<const T*>(p.out) + h * p.out_stride.h + span.q0 * p.out_stride.l;
+    const T* d = static_cast<const T*>(p.dout) + h * p.dout_stride.h + span.q0 * p.dout_stride.l;
+    const float* lse = p.lse + h * p.lse_stride_h + span.q0;
+    for (int r = static_cast<int>(threadIdx.x) / kLanes; r < kBlockM; r += kRowsPerPass) {
+      const std::int64_t i = static_cast<std::int64_t>(tile.block) * kBlockM + r;
+      float acc = 0.f, l2 = INFINITY;
+      if (i < span.Lq) {
+        acc = row_dot_share(o + i * p.out_stride.l, d + i * p.dout_stride.l, p.Dv, lane, kLanes);
+        l2 = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+      }
+#pragma unroll
+      for (int s = kLanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, s);
+      if (lane == 0) {
+        const std::int64_t row = (static_cast<std::int64_t>(h) * m_blocks + block) * kBlockM + r;
+        p.softmax_d[row] = acc * delta_scale;
+        lse_log2[row] = l2;
+      }
+    }
+  }
+}
+
+// dq = dq_scale · dq_accum in the output dtype and strides (dq_scale: the softmax scale, times
+// keep_scale with dropout, see bwd_kernel.cuh). The workspace holds, per (bh, query
+// block, consumer warpgroup), a 64 x 64 block as that warpgroup staged it: float4 number
+// f·128 + thread is the thread's accumulators of n8 tile f, rows 16·warp + g and + 8, columns
+// 8f + 2t and + 1 (thread = 32·warp + 4g + t). One thread's unit is (f, warp, g): the four
+// consecutive float4s of t = 0..3, i.e. 8 columns of two rows. A block of 256 threads converts
+// one warpgroup block; grid (2·m_blocks, heads), heads past 65535 looped.
+//
+// Packed calls (kPacked): grid (2·query tiles, heads); x / 2 is a tile of the scheduler over the
+// sequences' kBlockM-row blocks (each warp finds it), read from the sequence's workspace blocks
+// (packed_block0) and written to its packed rows; rows past its end are never written.
+template <class T, int kBlockM, bool kSplitRows, bool kPacked = false>
+__global__ void bwd_convert_dq_kernel(BackwardParams p, const float* dq_accum, int m_blocks,
+                                      float dq_scale) {
+  const int wg = static_cast<int>(blockIdx.x) & 1;
+  const int f = static_cast<int>(threadIdx.x) >> 5, warp = (threadIdx.x >> 3) & 3,
+            g = threadIdx.x & 7;
+  const int col = (kSplitRows ? 0 : 64 * wg) + 8 * f;
+  if (col >= p.D) return;  // whole warps (f is the warp): the scheduler's scan below stays whole
+  int m = static_cast<int>(blockIdx.x) >> 1;
+  std::int64_t Lq = p.Lq, q0 = 0, block0 = 0;  // the sequence (dense: the batch entry)
+  if constexpr (kPacked) {
+    const VarlenTile tile = varlen_tile(p.cu_seqlens_q, p.B, p.total_q, p.Lq, kBlockM, m);
+    if (tile.seq >= p.B) return;
+    const SeqSpan span = seq_span(p, tile.seq);
+    m = tile.block;
+    Lq = span.Lq;
+    q0 = span.q0;
+    block0 = packed_block0(span.q0, tile.seq, kBlockM);
+  }
+  const int row = 16 * warp + g;
+  const std::int64_t i = static_cast<std::int64_t>(m) * kBlockM + (kSplitRows ? 64 * wg : 0) + row;
+  const int heads = kPacked ? p.Hq : p.B * p.Hq;
+  for (int bh = static_cast<int>(blockIdx.y); bh < heads; bh += static_cast<int>(gridDim.y)) {
+    const int h = bh % p.Hq, b = bh / p.Hq;
+    const std::int64_t block = (static_cast<std::int64_t>(bh) * m_blocks + block0 + m) * 2 + wg;
+    const float4* src =
+        reinterpret_cast<const float4*>(dq_accum + block * 64 * 64) + (f * 128 + 32 * warp + 4 * g);
+    float4 v[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) v[t] = src[t];
+    T* dq =
+        static_cast<T*>(p.dq) + b * p.dq_stride.b + h * p.dq_stride.h + q0 * p.dq_stride.l + col;
+    if (i < Lq) {
+      uint4 w;
+      w.x = pack2<T>(v[0].x * dq_scale, v[0].y * dq_scale);
+      w.y = pack2<T>(v[1].x * dq_scale, v[1].y * dq_scale);
+      w.z = pack2<T>(v[2].x * dq_scale, v[2].y * dq_scale);
+      w.w = pack2<T>(v[3].x * dq_scale, v[3].y * dq_scale);
+      *reinterpret_cast<uint4*>(dq + i * p.dq_stride.l) = w;
+    }
+    if (i + 8 < Lq) {
+      uint4 w;
+      w.x = pack2<T>(v[0].z * dq_scale, v[0].w * dq_scale);
+      w.y = pack2<T>(v[1].z * dq_scale, v[1].w * dq_scale);
+      w.z = pack2<T>(v[2].z * dq_scale, v[2].w * dq_scale);
+      w.w = pack2<T>(v[3].z * dq_scale, v[3].w * dq_scale);
+      *reinterpret_cast<uint4*>(dq + (i + 8) * p.dq_stride.l) = w;
+    }
+  }
+}
+
+}  // namespace memeff::cuda::sm90

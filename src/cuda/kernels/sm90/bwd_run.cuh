@@ -1,0 +1,134 @@
+// Host side of one sm90 backward instantiation: the launch sequence zeroing -> preprocess ->
+// main kernel -> dq (and dbias) conversion, with dropout and bias turned into template
+// arguments. Included only by the per-instantiation files inst/bwd_*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "cuda/kernels/common/bwd_prepost.cuh"
+#include "cuda/kernels/sm90/bwd_kernel.cuh"
+#include "cuda/kernels/sm90/bwd_prepost.cuh"
+#include "cuda/kernels/sm90/instances.h"
+#include "cuda/kernels/sm90/kernel_setup.h"
+#include "cuda/runtime/check.h"
+
+namespace memeff::cuda::sm90 {
+
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false>
+void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
+  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked>;
+  constexpr int kSmem = Tr::kSmemBytes;
+  static std::atomic<unsigned long long> prepared{0};
+  setup_warp_specialized<Tr>(prepared, kernel, "sm90 backward kernel");
+  const BackwardParams& p = tp.p;
+  if constexpr (kPacked) {
+    // (key tile, kv head): the scheduler's bound over cu_seqlens_k (Family::backward_reasons
+    // keeps it below 2^31); CTAs past the last tile exit at once. A packed call has no bias, so
+    // never the one-CTA launches below.
+    const std::int64_t tiles = varlen_tile_bound(p.total_k, p.B, p.Lk, Tr::kBlockN);
+    if (tiles == 0) return;
+    kernel<<<dim3(static_cast<unsigned>(tiles), p.Hkv), Tr::kThreads, kSmem, stream>>>(tp);
+    check_launch("attention_backward_kernel launch");
+    return;
+  }
+  const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
+  const int heads = p.B * p.Hkv;
+  if (!dbias_cross_cta) {
+    kernel<<<dim3(key_blocks, heads), Tr::kThreads, kSmem, stream>>>(tp);
+    check_launch("attention_backward_kernel launch");
+    return;
+  }
+  // Deterministic mode with a dbias summed across CTAs (over the batch, or over heads of
+  // different kv heads): one CTA per launch, in a fixed order, so its fp32 atomics land in one
+  // order. Slow, and only for that combination.
+  for (int n = 0; n < key_blocks; ++n) {
+    for (int y = 0; y < heads; ++y) {
+      tp.key_block_base = n;
+      tp.head_base = y;
+      kernel<<<dim3(1, 1), Tr::kThreads, kSmem, stream>>>(tp);
+      check_launch("attention_backward_kernel launch");
+    }
+  }
+}
+
+template <class T, int kHeadDim>
+void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_t stream) {
+  using Tr = typename BwdConfig<kHeadDim>::Traits;
+  BackwardParams& p = tp.p;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const std::int64_t heads = packed ? p.Hq : static_cast<std::int64_t>(p.B) * p.Hq;
+
+  // 1. Zeroed accumulators: dq (every key block adds into it), the deterministic turn counters,
+  //    a reduced dbias, and dbias itself where it is written tile by tile (causally skipped
+  //    tiles are never visited).
+  check_cuda(
+      cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(ws.dq_accum_floats) * 4, stream),
+      "cudaMemsetAsync(dq accumulator)");
+  if (p.deterministic) {
+    check_cuda(cudaMemsetAsync(tp.dq_turn, 0, static_cast<std::size_t>(ws.dq_turns) * 4, stream),
+               "cudaMemsetAsync(dq turn counters)");
+  }
+  if (ws.dbias.mode == DbiasMode::reduced) {
+    check_cuda(cudaMemsetAsync(tp.dbias_accum, 0,
+                               static_cast<std::size_t>(ws.dbias.accum_elems) * 4, stream),
+               "cudaMemsetAsync(dbias accumulator)");
+  }
+  if (ws.dbias.mode == DbiasMode::direct) launch_convert_dbias<T>(p, nullptr, stream);
+
+  // 2. delta and lse·log2(e), padded to whole query blocks. With dropout delta is divided by
+  //    keep_scale (times the keep probability t/256, exactly), as the main kernel wants it.
+  const float delta_scale = p.has_dropout ? static_cast<float>(p.keep_threshold) / 256.0f : 1.0f;
+  const unsigned head_blocks = static_cast<unsigned>(std::min<std::int64_t>(heads, 65535));
+  // Packed: the query tiles of the scheduler (the whole padded workspace blocks of each tile).
+  const unsigned q_tiles = static_cast<unsigned>(tp.packed_q_tiles);
+  if (!packed) {
+    launch_bwd_preprocess<T>(p, p.softmax_d, tp.lse_log2, PreprocessRows{heads, ws.lq_pad, p.Lq},
+                             delta_scale, stream);
+  } else if (q_tiles > 0) {
+    auto preprocess_packed = [&](auto kernel) {
+      kernel<<<dim3(q_tiles, head_blocks), 256, 0, stream>>>(p, tp.lse_log2, ws.m_blocks,
+                                                             delta_scale);
+      check_launch("bwd_preprocess_packed_kernel launch");
+    };
+    p.Dv <= 64 ? preprocess_packed(bwd_preprocess_packed_kernel<T, 8, Tr::kBlockM>)
+               : preprocess_packed(bwd_preprocess_packed_kernel<T, 16, Tr::kBlockM>);
+  }
+
+  // 3. The main kernel.
+  const bool dbias_cross_cta =
+      p.deterministic && ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p);
+  const bool bias = p.bias != nullptr;
+  if (packed) {  // no bias (the validators refuse one)
+    p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
+                  : launch_backward_kernel<T, Tr, false, false, true>(tp, false, stream);
+  } else if (p.has_dropout) {
+    bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)
+         : launch_backward_kernel<T, Tr, true, false>(tp, dbias_cross_cta, stream);
+  } else {
+    bias ? launch_backward_kernel<T, Tr, false, true>(tp, dbias_cross_cta, stream)
+         : launch_backward_kernel<T, Tr, false, false>(tp, dbias_cross_cta, stream);
+  }
+
+  // 4. dq (and a reduced dbias) in the output dtype.
+  const float dq_scale = p.has_dropout ? p.scale * p.keep_scale : p.scale;
+  if (packed) {
+    if (q_tiles > 0) {
+      bwd_convert_dq_kernel<T, Tr::kBlockM, Tr::kDqSplitRows, true>
+          <<<dim3(2 * q_tiles, head_blocks), 256, 0, stream>>>(p, p.dq_accum, ws.m_blocks,
+                                                               dq_scale);
+    }
+  } else {
+    bwd_convert_dq_kernel<T, Tr::kBlockM, Tr::kDqSplitRows>
+        <<<dim3(2 * ws.m_blocks, head_blocks), 256, 0, stream>>>(p, p.dq_accum, ws.m_blocks,
+                                                                 dq_scale);
+  }
+  check_launch("bwd_convert_dq_kernel launch");
+  if (ws.dbias.mode == DbiasMode::reduced) launch_convert_dbias<T>(p, tp.dbias_accum, stream);
+}
+
+}  // namespace memeff::cuda::sm90

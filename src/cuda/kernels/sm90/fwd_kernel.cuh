@@ -1,0 +1,500 @@
+// The sm90 (Hopper, sm_90a) fused attention forward: warp-specialized, TMA-fed, wgmma-based and
+// persistent.
+//
+// The grid holds one CTA per SM; each walks the work items (a query block of kBlockM =
+// 64·kConsumers rows of one batch·head) blockIdx.x, blockIdx.x + gridDim.x, ... Warpgroup 0 is the
+// producer: after shrinking its registers (setmaxnreg) one thread issues every TMA load: an item's
+// Q once its buffer is free (so the next item's Q and first K/V arrive while the consumers finish
+// the current one), then K and V tiles of kBlockN keys into a kStages-deep ring of shared-memory
+// buffers that runs on across items, each completing on its "full" mbarrier and refilled once the
+// consumers arrive on its "empty" one. Warpgroups 1..kConsumers are consumers, each owning 64 query
+// rows: S = Q·Kᵀ on wgmma with both operands in shared memory, the online softmax in registers
+// (src/cuda/common/softmax.cuh), and O += P·V on wgmma with P from registers; O / l is stored from
+// the registers.
+//
+// Dropout: the keep-bits of a tile depend on coordinates alone, so each consumer draws them (one
+// Philox call per row per 64 keys per lane: the S orientation of src/cuda/common/dropout_frag.cuh,
+// the documented map, so the mask is the reference's bit for bit) right after issuing the tile's
+// Q·Kᵀ, while it would otherwise wait for the tensor cores, and clears the dropped probabilities
+// in its packed P with two byte-permutes per four elements.
+//
+// Overlap: inside a warpgroup, the Q·Kᵀ of tile it+1 and the P·V of tile it are issued together
+// and the softmax of tile it+1 runs while P·V is still on the tensor cores; across warpgroups,
+// named barriers hand the tensor cores from one consumer to the next in turn (ping-pong), so one
+// warpgroup's softmax runs under another's products. Key tiles are visited from the last to the
+// first, so the tiles that need masking (the causal diagonal, the end of the sequence) come first.
+// Work items of one batch·head are adjacent in the order, so the CTAs resident at a time share a
+// few heads' K and V in L2; within a head the heaviest query blocks (under a causal mask) first.
+//
+// Packed sequences (kPacked, params.h: cu_seqlens_q/k): one CTA per work item, never persistent
+// (an item's cost follows its sequence's key count, so the hardware's hand-out balances them as
+// it does causal items); CTA x takes head x / packed_tiles and tile x % packed_tiles of the
+// varlen tile scheduler over the query blocks (src/cuda/common/varlen.cuh), so a sequence gets
+// one CTA per query block and no CTA waits on another sequence's length. Rows, masks and the
+// dropout map are those of the sequence (b = s, positions inside it); the TMA maps describe the
+// packed tensors as [1, H, total, D] and boxes start at the sequence's first row plus the block's:
+// key rows past the sequence's end are the next sequence's, masked by index, and query rows past
+// it are computed but never stored (the epilogue's stores are predicated per row).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/dropout_map.h"
+#include "cuda/kernels/common/dropout_frag.cuh"
+#include "cuda/kernels/common/mask.cuh"
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/softmax.cuh"
+#include "cuda/kernels/common/types.cuh"
+#include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm90/fwd_traits.cuh"
+#include "cuda/kernels/sm90/ptx.cuh"
+#include "cuda/kernels/sm90/wgmma_ops.cuh"
+
+namespace memeff::cuda::sm90 {
+
+// One work item: batch·head, first query row and the number of key tiles any of its rows sees.
+struct WorkItem {
+  int bh = 0;
+  std::int64_t m0 = 0;
+  int n_tiles = 0;
+};
+
+template <class Tr>
+__device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int m_blocks, int index) {
+  WorkItem w;
+  w.bh = index / m_blocks;
+  w.m0 = static_cast<std::int64_t>(m_blocks - 1 - index % m_blocks) * Tr::kBlockM;
+  w.n_tiles = KeyMask{is_causal(p), p.Lk, p.causal_shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(w.m0);
+  return w;
+}
+
+// A packed call's work item with its sequence. Plain members only: it crosses the CTA through a
+// __shared__ variable.
+struct PackedItem {
+  int valid;           // 0: the CTA's tile is past the last one of its head (it exits)
+  int h, bh, n_tiles;  // bh = sequence·Hq + h: the dropout map's (b, h) with b = s
+  std::int64_t m0;     // first query row of the block, inside the sequence
+  std::int64_t q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan)
+};
+
+// The CTA's item: CTA x takes head x / tiles and tile x % tiles of the scheduler over
+// cu_seqlens_q; the query blocks of a sequence are visited from the last to the first, as a dense
+// head's are. Warp 0 runs the scheduler's scan, thread 0 shares the result, every thread of the
+// CTA returns it. A CTA-wide barrier: call it from all threads, before the roles split.
+template <class Tr>
+__device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p, int tiles) {
+  __shared__ PackedItem slot;
+  if (threadIdx.x < 32) {
+    PackedItem it{};
+    const int index = static_cast<int>(blockIdx.x), h = index / tiles;
+    const VarlenTile tile =
+        varlen_tile(p.cu_seqlens_q, p.B, p.total_q, p.Lq, Tr::kBlockM, index - h * tiles);
+    if (tile.seq < p.B) {
+      const SeqSpan span = seq_span(p, tile.seq);
+      const std::int64_t m_blocks = (span.Lq + Tr::kBlockM - 1) / Tr::kBlockM;
+      it.valid = 1;
+      it.h = h;
+      it.bh = tile.seq * p.Hq + h;
+      it.m0 = (m_blocks - 1 - tile.block) * Tr::kBlockM;
+      it.n_tiles =
+          KeyMask{is_causal(p), span.Lk, span.causal_shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(
+              it.m0);
+      it.q0 = span.q0;
+      it.k0 = span.k0;
+      it.Lq = span.Lq;
+      it.Lk = span.Lk;
+      it.causal_shift = span.causal_shift;
+    }
+    if (threadIdx.x == 0) slot = it;
+  }
+  __syncthreads();
+  return slot;
+}
+
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
+  static_assert(!(kPacked && kBias), "packed calls take no bias");
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
+  // launcher runs this kernel on compute capability 9.0 alone.
+  __trap();
+#else
+  constexpr int kNT = Tr::kNT, kDT = Tr::kDT, kStages = Tr::kStages, kBlockN = Tr::kBlockN;
+  constexpr int kLastConsumer = Tr::kConsumers - 1;
+  const ForwardParams& p = tp.p;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const std::uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const std::uint32_t sK = sQ + Tr::kQBytes;                 // kStages buffers of kKVBytes
+  const std::uint32_t sV = sK + kStages * Tr::kKVBytes;      // kStages buffers of kKVBytes
+  const std::uint32_t q_full = sV + kStages * Tr::kKVBytes;  // then the barriers
+  const std::uint32_t q_empty = q_full + 8u;
+  auto k_full = [&](int s) { return q_full + 8u * (2 + s); };
+  auto k_empty = [&](int s) { return q_full + 8u * (2 + kStages + s); };
+  auto v_full = [&](int s) { return q_full + 8u * (2 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return q_full + 8u * (2 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x;
+  // Broadcast from lane 0 so the compiler knows the role is warp-uniform (wgmma in a path it
+  // cannot prove uniform gets serialized).
+  const int warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
+  // Work items: dense calls walk m_blocks·B·Hq of them (the launcher bounds the count by
+  // 2^31 - 1) from blockIdx.x in steps of gridDim.x. A packed CTA has its one item, index 0 (an
+  // extra CTA-wide barrier); one past its head's last tile leaves at once, every thread, before
+  // any barrier is set up. The dense code below reads the problem's values wherever a packed call
+  // reads the sequence's (kPacked ? packed.x : p.x).
+  [[maybe_unused]] PackedItem packed{};
+  if constexpr (kPacked) {
+    packed = packed_item_of_cta<Tr>(p, tp.packed_tiles);
+    if (!packed.valid) return;
+  }
+  const int m_blocks = kPacked ? 0 : static_cast<int>((p.Lq + Tr::kBlockM - 1) / Tr::kBlockM);
+  const int items = kPacked ? 1 : m_blocks * p.B * p.Hq;
+  const int first_item = kPacked ? 0 : static_cast<int>(blockIdx.x);
+  const int stride = kPacked ? 1 : static_cast<int>(gridDim.x);
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 4 * Tr::kConsumers);  // one arrival per consumer warp
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 4 * Tr::kConsumers);
+      mbar_init(v_empty(s), 4 * Tr::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
+
+  auto item_at = [&](int index) {
+    if constexpr (kPacked) {
+      return WorkItem{packed.bh, packed.m0, packed.n_tiles};
+    } else {
+      return work_item<Tr>(p, m_blocks, index);
+    }
+  };
+
+  if (warpgroup == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      prefetch_tensor_map(&tp.q);
+      prefetch_tensor_map(&tp.k);
+      prefetch_tensor_map(&tp.v);
+      int kv = 0;  // K/V tiles loaded so far: the ring position
+      int local = 0;
+      for (int index = first_item; index < items; index += stride, ++local) {
+        const WorkItem w = item_at(index);
+        // Map coordinates: dense (b, h, row); packed (0, h, packed row), the sequence's first
+        // query and key rows added (int32: total rows are at most 2^31 - 1).
+        const int b = kPacked ? 0 : w.bh / p.Hq, h = kPacked ? packed.h : w.bh % p.Hq;
+        const int kvh = h / p.group;
+        const int k_row0 = kPacked ? static_cast<int>(packed.k0) : 0;
+        mbar_wait(q_empty, (local & 1) ^ 1);  // the consumers are done with the previous Q
+        mbar_arrive_expect_tx(q_full, Tr::kQBytes);
+        const int q_row = static_cast<int>(w.m0 + (kPacked ? packed.q0 : 0));
+#pragma unroll
+        for (int db = 0; db < Tr::kDBlocks; ++db) {
+          tma_load_4d(sQ + db * Tr::kQBlockBytes, &tp.q, q_full, 64 * db, q_row, h, b);
+        }
+        for (int it = 0; it < w.n_tiles; ++it, ++kv) {
+          const int row = k_row0 + (w.n_tiles - 1 - it) * kBlockN, s = kv % kStages;
+          const std::uint32_t phase = (kv / kStages) & 1;
+          mbar_wait(k_empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(k_full(s), Tr::kKVBytes);
+#pragma unroll
+          for (int db = 0; db < Tr::kDBlocks; ++db) {
+            tma_load_4d(sK + s * Tr::kKVBytes + db * Tr::kKVBlockBytes, &tp.k, k_full(s), 64 * db,
+                        row, kvh, b);
+          }
+          mbar_wait(v_empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(v_full(s), Tr::kKVBytes);
+#pragma unroll
+          for (int db = 0; db < Tr::kDBlocks; ++db) {
+            tma_load_4d(sV + s * Tr::kKVBytes + db * Tr::kKVBlockBytes, &tp.v, v_full(s), 64 * db,
+                        row, kvh, b);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int cw = warpgroup - 1;            // consumer index: query rows 64·cw .. 64·cw + 63
+  const int ctid = tid - 128 * warpgroup;  // thread within the warpgroup
+  const int warp = ctid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+  // Scores are kept as x = q·k (fast path) or x = scale·q·k + bias (premul) and exponentiated as
+  // exp2(x·f - m·f); premul also covers scale <= 0, where max q·k is not the max score.
+  const bool premul = kBias || !(p.scale > 0.0f);
+  const float f = premul ? kLog2e : p.scale_log2;
+  const float m_to_natural = premul ? 1.0f : p.scale;
+  // The sequence's diagonal, keys and queries (dense: the problem's, the lengths read where used
+  // as before: local copies would hold more registers through the main loop).
+  const std::int64_t causal_shift = kPacked ? packed.causal_shift : p.causal_shift;
+  auto seq_Lk = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return packed.Lk;
+    } else {
+      return p.Lk;
+    }
+  };
+  auto seq_Lq = [&]() -> std::int64_t {
+    if constexpr (kPacked) {
+      return packed.Lq;
+    } else {
+      return p.Lq;
+    }
+  };
+
+  detail::DropoutKey key{0, 0};
+  if constexpr (kDropout) {
+    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+    const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+    key = detail::dropout_key(seed, offset);
+  }
+  const KeepThreshold thr(p.keep_threshold);
+
+  // Operand descriptors: Q rows of this warpgroup (A, K-major), K tile (B, K-major), V tile
+  // (B, N-major). Steps and stages move only the start address.
+  const std::uint64_t q_desc = smem_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
+  const std::uint64_t k_desc = smem_desc_sw128(sK, 16, 1024);
+  const std::uint64_t v_desc = smem_desc_sw128(sV, Tr::kKVBlockBytes, 1024);
+
+  auto issue_qk = [&](float(&s)[kNT][4], int stage) {
+#pragma unroll
+    for (int ks = 0; ks < Tr::kQKSteps; ++ks) {
+      const std::uint32_t q_off = (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
+      const std::uint32_t k_off =
+          stage * Tr::kKVBytes + (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
+      Wgmma<T, kBlockN>::template ss<0, 0>(s, desc_advance(q_desc, q_off),
+                                           desc_advance(k_desc, k_off), ks > 0 ? 1 : 0);
+    }
+  };
+  float o[kDT][4];
+  std::uint32_t pf[Tr::kPVSteps][4];  // P as wgmma A fragments (16 keys per step)
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      Wgmma<T, Tr::kHeadDim>::template rs<1>(
+          o, pf[kk], desc_advance(v_desc, stage * Tr::kKVBytes + kk * 16 * 128), 1);
+    }
+  };
+
+  // The current work item, as the lambdas below see it.
+  int bh = 0;
+  std::int64_t m0 = 0, row0 = 0;  // row0: this thread's rows are row0 and row0 + 8
+  std::int64_t bias_base = 0;
+  float s[kNT][4];
+  float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.0f, 0.0f};
+
+  // Scale, bias, mask and the online softmax of the tile of key block n in s.
+  auto softmax_tile = [&](int n, float(&alpha)[2]) {
+    const std::int64_t n0 = static_cast<std::int64_t>(n) * kBlockN;
+    if constexpr (kBias) {
+      add_scaled_bias<T>(s, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0, t, p.Lq,
+                         p.Lk, p.scale);
+    } else if (premul) {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[j][r] *= p.scale;
+    }
+    const KeyMask mask{is_causal(p), seq_Lk(), causal_shift};
+    if (mask.tile_needs_mask<kBlockN>(m0, n0)) mask.apply(s, row0, n0, t);
+    float sum[2];
+    online_softmax_step(s, row_m, f, alpha, sum);
+    row_l[0] = row_l[0] * alpha[0] + sum[0];
+    row_l[1] = row_l[1] * alpha[1] + sum[1];
+  };
+  // Dropout keep words of the tile of key block n (coordinates only: drawn while Q·Kᵀ runs).
+  constexpr int kDropBlocks = kDropout ? kBlockN / 64 : 0;
+  std::uint32_t keep[kDropout ? kDropBlocks : 1][2][4];
+  auto draw_keep = [&](int n) {
+#pragma unroll
+    for (int c = 0; c < kDropBlocks; ++c)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        // Global coordinates (params.h): row q_start + i, key block k_block64 + j / 64.
+        const detail::Philox4 r =
+            detail::dropout_call(key, static_cast<std::uint64_t>(bh),
+                                 p.q_start + static_cast<std::uint32_t>(row0 + 8 * hh),
+                                 p.k_block64 + static_cast<std::uint32_t>(n * kDropBlocks + c),
+                                 static_cast<std::uint32_t>(t));
+        keep_words(r, thr, keep[c][hh]);
+      }
+  };
+  // P to wgmma A fragments; dropout then clears the dropped probabilities (the row sums took
+  // them; kept ones get keep_scale at the end).
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPVSteps; ++kk) {
+      pf[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    if constexpr (kDropout) {
+      // pf[kk][2·e + hh] is n8 tile 2·kk + e of row half hh: the [kNT][2] order of the helpers.
+      auto& pk = reinterpret_cast<std::uint32_t(&)[kNT][2]>(pf);
+#pragma unroll
+      for (int c = 0; c < kDropBlocks; ++c)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) apply_keep_words(pk, c, hh, keep[c][hh]);
+    }
+  };
+
+  // Ping-pong turns: per work item each consumer issues its products n_tiles + 1 times (the first
+  // Q·Kᵀ, then Q·Kᵀ + P·V per further tile, then the last P·V), waiting for its turn on its own
+  // barrier and passing it to the next consumer. The last consumer opens the first turn of the
+  // CTA, and its final turn of an item opens the next item that has keys; after the CTA's last
+  // such item it passes nothing, so every barrier sees as many arrivals as waits.
+  constexpr bool kPingPong = Tr::kConsumers > 1;
+  auto later_item_has_keys = [&](int index) {
+    for (int next = index + stride; next < items; next += stride) {
+      if (item_at(next).n_tiles > 0) return true;
+    }
+    return false;
+  };
+  if constexpr (kPingPong) {
+    if (cw == kLastConsumer && later_item_has_keys(first_item - stride)) {
+      named_bar_arrive(Tr::kTurnBarrier, 256);
+    }
+  }
+
+  int kv = 0;  // K/V tiles consumed so far: the ring position
+  int local = 0;
+  for (int index = first_item; index < items; index += stride, ++local) {
+    const WorkItem w = item_at(index);
+    const int n_tiles = w.n_tiles;
+    const int b = w.bh / p.Hq, h = w.bh % p.Hq;
+    bh = w.bh;
+    m0 = w.m0;
+    row0 = m0 + 64 * cw + 16 * warp + g;
+    if constexpr (kBias) bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
+
+    const int turns = n_tiles > 0 ? n_tiles + 1 : 0;
+    int turn = 0;
+    const bool pass_last =
+        kPingPong && cw == kLastConsumer && turns > 0 && later_item_has_keys(index);
+    auto begin_turn = [&] {
+      if constexpr (kPingPong) named_bar_sync(Tr::kTurnBarrier + cw, 256);
+    };
+    auto end_turn = [&] {
+      if constexpr (kPingPong) {
+        if (cw != kLastConsumer || turn != turns - 1 || pass_last) {
+          named_bar_arrive(Tr::kTurnBarrier + (cw + 1) % Tr::kConsumers, 256);
+        }
+      }
+      ++turn;
+    };
+
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    row_m[0] = row_m[1] = -INFINITY;
+    row_l[0] = row_l[1] = 0.0f;
+
+    mbar_wait(q_full, local & 1);
+    if (n_tiles > 0) {
+      {  // the first tile (key block n_tiles - 1): Q·Kᵀ alone
+        const int stage = kv % kStages;
+        float alpha[2];
+        begin_turn();
+        mbar_wait(k_full(stage), (kv / kStages) & 1);
+        wgmma_fence();
+        issue_qk(s, stage);
+        wgmma_commit();
+        end_turn();
+        if constexpr (kDropout) draw_keep(n_tiles - 1);
+        wgmma_wait<0>();
+        fence_operands(s);
+        if (lane == 0) mbar_arrive(k_empty(stage));
+        softmax_tile(n_tiles - 1, alpha);  // O is still zero: nothing to rescale
+        pack_p();
+      }
+      for (int it = 1; it < n_tiles; ++it) {
+        const int stage = (kv + it) % kStages, prev = (kv + it - 1) % kStages;
+        const std::uint32_t phase = ((kv + it) / kStages) & 1;
+        const std::uint32_t prev_phase = ((kv + it - 1) / kStages) & 1;
+        float alpha[2];
+        begin_turn();
+        mbar_wait(k_full(stage), phase);
+        mbar_wait(v_full(prev), prev_phase);  // V of the previous tile was loaded before this K
+        wgmma_fence();
+        issue_qk(s, stage);
+        wgmma_commit();
+        issue_pv(prev);
+        wgmma_commit();
+        end_turn();
+        if constexpr (kDropout) draw_keep(n_tiles - 1 - it);
+        wgmma_wait<1>();  // Q·Kᵀ done; P·V of the previous tile may still run
+        fence_operands(s);
+        if (lane == 0) mbar_arrive(k_empty(stage));
+        softmax_tile(n_tiles - 1 - it, alpha);
+        wgmma_wait<0>();
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(v_empty(prev));
+        rescale_rows(o, alpha);
+        pack_p();
+      }
+      {  // the last P·V
+        const int last = (kv + n_tiles - 1) % kStages;
+        begin_turn();
+        mbar_wait(v_full(last), ((kv + n_tiles - 1) / kStages) & 1);
+        wgmma_fence();
+        issue_pv(last);
+        wgmma_commit();
+        end_turn();
+        wgmma_wait<0>();
+        fence_operands(o);
+        if (lane == 0) mbar_arrive(v_empty(last));
+      }
+    }
+    kv += n_tiles;
+    if (lane == 0) mbar_arrive(q_empty);  // this warp's products are done with Q
+
+    // ---------------- epilogue ----------------
+    // O / l (times keep_scale), lse = m + ln l in natural units; rows that saw no key give 0, -inf.
+    const float keep_scale = kDropout ? p.keep_scale : 1.0f;
+    // Packed: b strides are 0 and the sequence's rows start at its first packed row.
+    const std::int64_t q0 = kPacked ? packed.q0 : 0;
+    float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + q0;
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float l = quad_sum(row_l[hh]);
+      const bool empty = !(l > 0.0f);
+      inv[hh] = empty ? 0.0f : keep_scale / l;
+      const std::int64_t i = row0 + 8 * hh;
+      if (t == 0 && i < seq_Lq())
+        lse_row[i] = empty ? -INFINITY : row_m[hh] * m_to_natural + logf(l);
+    }
+    // Straight from the accumulators: a quad writes 16 contiguous bytes of a row per n8 tile, and
+    // L2 merges the halves of each 32-byte sector before they reach memory.
+    T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + q0 * p.out_stride.l;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const std::int64_t i = row0 + 8 * hh;
+      if (i >= seq_Lq()) continue;
+      T* out_row = out + i * p.out_stride.l + 2 * t;
+#pragma unroll
+      for (int j = 0; j < kDT; ++j) {
+        if (8 * j < p.Dv) {
+          *reinterpret_cast<std::uint32_t*>(out_row + 8 * j) =
+              pack2<T>(o[j][2 * hh] * inv[hh], o[j][2 * hh + 1] * inv[hh]);
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace memeff::cuda::sm90

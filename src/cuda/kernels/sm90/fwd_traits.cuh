@@ -1,0 +1,106 @@
+// Tile shapes and the kernel parameter of the sm90 forward (src/cuda/sm90/fwd_kernel.cuh): what
+// the host launcher needs to size TMA boxes, shared memory and the grid, without the kernel.
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/reasons.h"
+
+namespace memeff::cuda::sm90 {
+
+// The kernel's one parameter: TMA descriptors of q, k, v (dims D, L, H, B innermost first; boxes
+// of 64 columns by kBlockM or kBlockN rows, 128-byte swizzle) and the plain forward params.
+struct ForwardTmaParams {
+  CUtensorMap q, k, v;
+  ForwardParams p;
+  // Packed calls (p.cu_seqlens_q set): the query tiles per head the grid covers, from
+  // varlen_tile_bound (src/cuda/common/varlen.cuh); CTA x takes head x / packed_tiles and tile
+  // x % packed_tiles. The maps then describe the packed tensors as [1, H, total, D].
+  int packed_tiles = 0;
+};
+
+// Tile shape of one instantiation. kHeadDim bounds D and Dv (zero-filled beyond them by TMA).
+template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_>
+struct FwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN =
+      kBlockN_;  // keys per tile (a multiple of the 64-key dropout block)
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
+  static constexpr int kStages = kStages_;        // K/V shared-memory ring depth
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kDBlocks = (kHeadDim + 63) / 64;  // 64-column (128-byte) smem blocks
+  static constexpr int kNT = kBlockN / 8;                // n8 tiles of S per row
+  static constexpr int kDT = kHeadDim / 8;               // n8 tiles of O per row
+  static constexpr int kQKSteps = kHeadDim / 16;         // k16 steps of Q·Kᵀ
+  static constexpr int kPVSteps = kBlockN / 16;          // k16 steps of P·V
+  static constexpr int kQBlockBytes = kBlockM * 128;
+  static constexpr int kKVBlockBytes = kBlockN * 128;
+  static constexpr int kQBytes = kDBlocks * kQBlockBytes;
+  static constexpr int kKVBytes = kDBlocks * kKVBlockBytes;  // one K or V stage
+  static constexpr int kBarriers = 2 + 4 * kStages;  // Q full/empty; K full/empty; V full/empty
+  // + 1024 so the tiles can be aligned to the 128-byte swizzle's 1024-byte period.
+  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers;
+  // Register split (setmaxnreg): the producer gives registers back and the consumers take them.
+  // setmaxnreg.inc waits until the CTA's pool (what the launch allocated: kLaunchRegs per thread)
+  // can serve it, so the split must fit in that pool or the consumers wait forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // Named barrier ids: 0 is __syncthreads; then one per consumer for the ping-pong turn.
+  static constexpr int kTurnBarrier = 1;
+  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "key tiles hold whole 64-key dropout blocks");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim bucket: multiple of 16 up to 256");
+  static_assert(kConsumers >= 1 && kConsumers <= 3, "1 to 3 consumer warpgroups");
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
+                "setmaxnreg split exceeds the registers allocated at launch");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+};
+
+// Tile shapes per head-dim bucket: kBlockM = 64 per consumer warpgroup, kBlockN keys per tile,
+// stages of the K/V ring (docs/benchmarks.md has the measurements behind them).
+//   64:  2 consumers (128 rows), 128 keys, 2 stages:  16 KB Q + 64 KB K/V
+//   96:  2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V (padded to 128 in smem)
+//   128: 2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V
+//   256: 2 consumers (128 rows),  64 keys, 2 stages:  64 KB Q + 128 KB K/V
+template <int kHeadDim>
+struct FwdConfig;
+template <>
+struct FwdConfig<64> {
+  using Traits = FwdTraits<64, 128, 2, 2>;
+};
+template <>
+struct FwdConfig<96> {
+  using Traits = FwdTraits<96, 128, 2, 2>;
+};
+template <>
+struct FwdConfig<128> {
+  using Traits = FwdTraits<128, 128, 2, 2>;
+};
+template <>
+struct FwdConfig<256> {
+  using Traits = FwdTraits<256, 64, 2, 2>;
+};
+
+// Head-dim buckets with a compiled kernel; D and Dv up to the bucket are zero-padded by TMA.
+using ForwardHeadDims = HeadDims<64, 96, 128, 256>;
+
+// Rows of the Q box (the CTA's query block) and of the K/V boxes (the key tile) of a bucket.
+struct ForwardTile {
+  int block_m = 0, block_n = 0;
+};
+template <int kHeadDim>
+constexpr ForwardTile tile_of() {
+  using Tr = typename FwdConfig<kHeadDim>::Traits;
+  return {Tr::kBlockM, Tr::kBlockN};
+}
+constexpr ForwardTile forward_tile(int bucket) {
+  return bucket == 64    ? tile_of<64>()
+         : bucket == 96  ? tile_of<96>()
+         : bucket == 128 ? tile_of<128>()
+         : bucket == 256 ? tile_of<256>()
+                         : ForwardTile{};
+}
+
+}  // namespace memeff::cuda::sm90

@@ -1,0 +1,8 @@
+// The sm90 backward kernels for fp16, head-dim bucket 128 (with and without dropout and bias, dense
+// and packed). One file per instantiation, so builds run in parallel and a kernel change recompiles
+// only what it touches.
+#include "cuda/kernels/sm90/bwd_run.cuh"
+
+namespace memeff::cuda::sm90 {
+template void run_backward<__half, 128>(BackwardTmaParams, const BackwardWorkspace&, cudaStream_t);
+}  // namespace memeff::cuda::sm90

@@ -1,0 +1,36 @@
+// The one CUDA error check of the library: a failed runtime call or launch becomes memeff::Error
+// (ErrorCode::cuda_error) naming what failed, and a once-per-device guard for the setup a kernel
+// needs before its first launch on a device (its dynamic shared-memory opt-in).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "memeff/error.h"
+
+namespace memeff::cuda {
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw Error(ErrorCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+// After a launch: the launch's own error (bad configuration, no kernel image), named `what`.
+inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+// Runs `setup` the first time it is asked for on the current device; `done` remembers the
+// devices (one bit per ordinal) and belongs to one kernel.
+template <class Setup>
+void once_per_device(std::atomic<unsigned long long>& done, Setup&& setup) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const unsigned long long bit = 1ull << (device & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  setup();
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+}  // namespace memeff::cuda
