@@ -1,7 +1,8 @@
 """What the benchmark scripts beside this file share: the installed memeff (not the source folder
-next to them, which lacks the compiled memeff._C), torch's SDPA backends by name, a timer (CUDA
-events on a GPU, the wall clock on the CPU), the one-line reason of a failed configuration, and
-the markdown table and JSON they end with. Import it before memeff."""
+next to them, which lacks the compiled memeff._C), torch's SDPA backends and the dtypes by name,
+the project's FLOP convention, a timer (CUDA events on a GPU, the wall clock on the CPU), the
+one-line reason of a failed configuration, the training-step loop, and the environment line,
+markdown table and JSON they end with. Import it before memeff."""
 import json
 import os
 import sys
@@ -19,6 +20,25 @@ TORCH_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "math": SDPBackend.MATH,
 }
+
+# --dtype names, as memeff spells them.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# FLOPs of a pass as a multiple of the forward's, the project's convention (memeff's
+# pass_flop_factor and training_flop_factor): the backward's five matrix products of the
+# forward's size against its two.
+_PASS_FLOP_FACTORS = {"fwd": 1.0, "bwd": 2.5}
+
+
+def flop_factor(pass_name: str) -> float:
+    """FLOPs of "fwd", "bwd" or "fwd+bwd" over a forward's: 1, 2.5 and 3.5."""
+    return sum(_PASS_FLOP_FACTORS[p] for p in pass_name.split("+"))
+
+
+def forward_flops(lengths, heads, dim, causal) -> float:
+    """A forward's FLOPs by the project's convention (memeff::attention_flops_packed) over
+    sequences of these lengths (queries = keys): 4·H·L²·D each, halved when causal."""
+    return sum(4.0 * heads * n * n * dim * (0.5 if causal else 1.0) for n in lengths)
 
 
 def time_ms(fn, device) -> float:
@@ -45,6 +65,27 @@ def device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def environment(device, **versions):
+    """What a run measured on, for its JSON: the device and the versions of torch, of any other
+    package named in `versions` (e.g. transformers=...) and of memeff."""
+    import memeff.torch as mt
+
+    return {"device": device_name(device), "torch": torch.__version__, **versions,
+            "memeff": mt.version()}
+
+
+def describe(env) -> str:
+    """environment() as the reports' first line puts it: "device, torch X, ..., memeff Y"."""
+    return ", ".join([env["device"]] + [f"{k} {v}" for k, v in env.items() if k != "device"])
+
+
+def backend_names(spec, device):
+    """The names of a --backends list ("memeff,flash,..."); on the CPU only memeff and torch's
+    math backend (torch's CPU flash kernel has no dropout)."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    return [n for n in names if n in ("memeff", "math")] if device.type == "cpu" else names
 
 
 def print_table(header, rows):
@@ -104,6 +145,19 @@ def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return result
+
+
+def bench_training_steps(names, build, loss_of, device, dtype, warmup, steps):
+    """bench_training_step for each backend name: the results, and a note of the backends memeff
+    ran (forward/backward) for the table."""
+    import memeff.torch as mt
+
+    results, notes = [], {}
+    for name in names:
+        results.append(bench_training_step(name, build, loss_of, device, dtype, warmup, steps))
+        if name == "memeff":
+            notes[name] = "memeff backends fwd/bwd: " + "/".join(mt.last_backends())
+    return results, notes
 
 
 def print_step_table(results, notes=None):

@@ -21,7 +21,6 @@ import bench_common as bc  # first: makes `import memeff` find the installed pac
 import torch
 import transformers
 
-import memeff.torch as mt
 import memeff.torch.hf as mhf
 
 
@@ -34,7 +33,7 @@ def parse_args():
     ap.add_argument("--bert-seq", type=int, default=512)
     ap.add_argument("--llama-batch", type=int, default=8)
     ap.add_argument("--llama-seq", type=int, default=1024)
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--dtype", choices=list(bc.DTYPES), default="bf16")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", help="also write the results to this file")
@@ -88,18 +87,14 @@ def main():
     args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     small = device.type == "cpu"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    names = [n.strip() for n in args.backends.split(",") if n.strip()]
-    if small:  # torch's CPU kernels: math, and flash without dropout
-        names = [n for n in names if n in ("memeff", "math")]
+    dtype = bc.DTYPES[args.dtype]
+    names = bc.backend_names(args.backends, device)
     mhf.register()
+    env = bc.environment(device, transformers=transformers.__version__)
     print(f"# one training step of Hugging Face models ({args.dtype} autocast, AdamW), "
-          f"{bc.device_name(device)}, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}, memeff {mt.version()}; median of {args.steps} steps "
-          f"after {args.warmup} warm-up" + ("; CPU smoke test with shrunken models" if small
-                                              else ""), flush=True)
-    report = {"device": bc.device_name(device), "torch": torch.__version__,
-              "transformers": transformers.__version__, "args": vars(args), "models": []}
+          f"{bc.describe(env)}; median of {args.steps} steps after {args.warmup} warm-up" +
+          ("; CPU smoke test with shrunken models" if small else ""), flush=True)
+    report = {**env, "args": vars(args), "models": []}
     for kind in [m.strip() for m in args.models.split(",") if m.strip()]:
         title, config, cls, ids = model_case(kind, args, device, small)
 
@@ -112,12 +107,8 @@ def main():
         def loss_of(model):
             return model(input_ids=ids, labels=ids).loss
 
-        results, notes = [], {}
-        for name in names:
-            results.append(bc.bench_training_step(name, build, loss_of, device, dtype,
-                                                  args.warmup, args.steps))
-            if name == "memeff":
-                notes[name] = "memeff backends fwd/bwd: " + "/".join(mt.last_backends())
+        results, notes = bc.bench_training_steps(names, build, loss_of, device, dtype,
+                                                 args.warmup, args.steps)
         print(f"\n## {title}", flush=True)
         bc.print_step_table(results, notes)
         report["models"].append({"model": kind, "title": title, "results": results})

@@ -105,10 +105,9 @@ def main():
     shapes = [("tiny", (1, 1, 16, 64), args.calls)]
     if device.type == "cuda" and not args.no_large:
         shapes.append(("bert-large", (32, 16, 384, 64), max(20, args.calls // 10)))
-    where = bc.device_name(device)
-    print(f"# per-call time, {where}, torch {torch.__version__}, memeff {mt.version()}, "
-          f"{str(dtype).split('.')[-1]}, {args.layout} inputs; median of {args.repeats} loops",
-          flush=True)
+    env = bc.environment(device)
+    print(f"# per-call time, {bc.describe(env)}, {str(dtype).split('.')[-1]}, {args.layout} "
+          f"inputs; median of {args.repeats} loops", flush=True)
     rows = []
     for shape_name, shape, calls in shapes:
         for backward in (False, True):
@@ -137,8 +136,7 @@ def main():
                      [f"{r['vs_flash']:.2f}", f"{r['vs_best_torch']:.2f}"])
     bc.print_table(["shape", "pass", "dropout"] + [f"{i} µs" for i in impls] +
                    ["memeff / flash", "memeff / best torch"], table)
-    bc.write_json(args.json, {"device": where, "torch": torch.__version__, "memeff": mt.version(),
-                              "dtype": str(dtype), "layout": args.layout, "rows": rows})
+    bc.write_json(args.json, {**env, "dtype": str(dtype), "layout": args.layout, "rows": rows})
 
 
 if __name__ == "__main__":

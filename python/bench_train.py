@@ -16,7 +16,6 @@ import bench_common as bc  # first: makes `import memeff` find the installed pac
 import torch
 from torch.nn import functional as F
 
-import memeff.torch as mt
 from memeff.tiny_transformer import TinyTransformer, memeff_attention, torch_attention
 
 
@@ -29,7 +28,7 @@ def parse_args():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--dropout", type=float, default=0.1, help="attention dropout")
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
+    ap.add_argument("--dtype", choices=list(bc.DTYPES), default="bf16",
                     help="autocast dtype of the model")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
@@ -47,16 +46,14 @@ def build(name, args, device):
 def main():
     args = parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    names = [n.strip() for n in args.backends.split(",") if n.strip()]
-    if device.type == "cpu":
-        names = [n for n in names if n in ("memeff", "math")]
-    gpu = bc.device_name(device)
+    dtype = bc.DTYPES[args.dtype]
+    names = bc.backend_names(args.backends, device)
+    env = bc.environment(device)
     print(f"# training step of a {args.layers}-layer causal transformer: batch {args.batch}, "
           f"seq {args.seq}, width {args.width}, {args.heads} heads (head dim "
           f"{args.width // args.heads}), attention dropout {args.dropout}, {args.dtype} autocast; "
-          f"{gpu}, torch {torch.__version__}, memeff {mt.version()}; median of {args.steps} "
-          f"steps after {args.warmup} warm-up", flush=True)
+          f"{bc.describe(env)}; median of {args.steps} steps after {args.warmup} warm-up",
+          flush=True)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
@@ -64,17 +61,10 @@ def main():
         logits = model(inputs)
         return F.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
 
-    results = []
-    notes = {}
-    for name in names:
-        results.append(bc.bench_training_step(name, lambda n: build(n, args, device), loss_of,
-                                              device, dtype, args.warmup, args.steps))
-        if name == "memeff":
-            notes[name] = "memeff backends fwd/bwd: " + "/".join(mt.last_backends())
+    results, notes = bc.bench_training_steps(names, lambda n: build(n, args, device), loss_of,
+                                             device, dtype, args.warmup, args.steps)
     bc.print_step_table(results, notes)
-    bc.write_json(args.json, {"args": vars(args), "device": bc.device_name(device),
-                              "torch": torch.__version__, "results": results})
-
+    bc.write_json(args.json, {**env, "args": vars(args), "results": results})
 
 if __name__ == "__main__":
     main()

@@ -21,8 +21,8 @@ seed until about --tokens tokens; causal; bf16; --heads query heads (and --kv-he
 "predicted" is the time memeff would take on the real (unpadded) FLOPs at its dense throughput:
 memeff's dense op is timed on one equal-length batch of about the same tokens (length: the
 FLOP-weighted mean sequence length, a multiple of 64) and its TFLOP/s divide the packed batch's
-FLOPs (the project's convention: 4·H·Lq·Lk·D per sequence, halved when causal; the backward
-2.5 times that). The table gives memeff_varlen / predicted (1.0: packing costs nothing beyond
+FLOPs (the project's convention, bench_common.forward_flops and flop_factor: 4·H·Lq·Lk·D per
+sequence, halved when causal; forward+backward 3.5 times that). The table gives memeff_varlen / predicted (1.0: packing costs nothing beyond
 the real work) and the fastest peer / memeff_varlen (below 1: a peer is faster).
 
 Timing: CUDA events around each call, --warmup calls first, the median of --iters. Progress on
@@ -80,10 +80,8 @@ def draw_lengths(tokens, low, high, seed):
     return lengths
 
 
-def forward_flops(lengths, heads, dim, causal):
-    """The project's convention (memeff::attention_flops_packed): 4·H·L²·D per sequence, halved
-    when causal."""
-    return sum(4.0 * heads * n * n * dim * (0.5 if causal else 1.0) for n in lengths)
+def pass_name(backward):
+    return "fwd+bwd" if backward else "fwd"
 
 
 def reason(error: BaseException) -> str:
@@ -299,7 +297,7 @@ def dense_throughput(c, backward, warmup, iters):
                                                    enable_gqa=c.Hkv != c.H)
 
     result = time_peer(lambda _: (fwd, (q, k, v), ""), c, backward, warmup, iters)
-    flops = forward_flops([L] * B, c.H, c.D, c.causal) * (3.5 if backward else 1.0)
+    flops = bc.forward_flops([L] * B, c.H, c.D, c.causal) * bc.flop_factor(pass_name(backward))
     if "ms" in result:
         result["tflops"] = flops / (result["ms"] * 1e-3) / 1e12
     result["shape"] = [B, c.H, L, c.D]
@@ -315,9 +313,8 @@ def main():
     causal = not args.no_causal
     backends = [b for b in args.memeff_backends.split(",") if b]
     lengths = draw_lengths(args.tokens, args.min_len, args.max_len, args.seed)
-    where = bc.device_name(device)
-    print(f"# packed varlen attention, {where}, torch {torch.__version__}, memeff {mt.version()}, "
-          f"bf16, {len(lengths)} sequences, {sum(lengths)} tokens (lengths {args.min_len}.."
+    env = bc.environment(device)
+    print(f"# packed varlen attention, {bc.describe(env)}, bf16, {len(lengths)} sequences, {sum(lengths)} tokens (lengths {args.min_len}.."
           f"{args.max_len}, seed {args.seed}, longest {max(lengths)}), heads {args.heads}/"
           f"{kv_heads}, {'causal' if causal else 'full'}; median of {args.iters} after "
           f"{args.warmup} warm-up calls", flush=True)
@@ -337,7 +334,7 @@ def main():
                 log(f"D={dim} p={p}: cannot build the inputs: {reason(e)}")
                 continue
             for backward in (False, True):
-                row = {"D": dim, "dropout": p, "pass": "fwd+bwd" if backward else "fwd"}
+                row = {"D": dim, "dropout": p, "pass": pass_name(backward)}
                 for name in PEERS:
                     log(f"D={dim} p={p} {row['pass']}: {name} ...")
                     if name == "torch_flash_varlen":
@@ -350,7 +347,8 @@ def main():
                 dense = dense_throughput(case, backward, args.warmup, args.iters)
                 log(f"  {dense}")
                 row["memeff_dense"] = dense
-                flops = forward_flops(lengths, args.heads, dim, causal) * (3.5 if backward else 1)
+                flops = (bc.forward_flops(lengths, args.heads, dim, causal) *
+                         bc.flop_factor(row["pass"]))
                 row["flops"] = flops
                 row["predicted_ms"] = (flops / (dense["tflops"] * 1e12) * 1e3
                                        if "tflops" in dense else float("nan"))
@@ -391,8 +389,7 @@ def main():
                   f"{r['memeff_varlen']['memeff_backends']}; dense reference "
                   f"{r['memeff_dense'].get('shape')} at "
                   f"{r['memeff_dense'].get('tflops', float('nan')):.0f} TFLOP/s")
-    bc.write_json(args.json, {"device": where, "torch": torch.__version__,
-                              "memeff": mt.version(), "lengths": lengths, "heads": args.heads,
+    bc.write_json(args.json, {**env, "lengths": lengths, "heads": args.heads,
                               "kv_heads": kv_heads, "causal": causal, "rows": rows})
 
 

@@ -11,7 +11,9 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -50,6 +52,61 @@ std::optional<at::Tensor> defined_or_none(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
+// What an autograd Function's backward returns: one entry per input of the op, the gradients of
+// the first ones (q, k, v and for the dense op the bias) and undefined (no gradient) after them,
+// non-tensor inputs included.
+variable_list input_gradients(std::size_t inputs, std::initializer_list<at::Tensor> leading) {
+  variable_list grads(inputs);
+  std::copy(leading.begin(), leading.end(), grads.begin());
+  return grads;
+}
+
+// The state the backward regenerates the mask from: the caller's when given, else the one the
+// forward drew; none without dropout.
+at::Tensor state_to_save(const std::optional<at::Tensor>& rng_state, const at::Tensor& drawn,
+                         double dropout_p) {
+  if (!(dropout_p > 0.0)) return at::Tensor();
+  return rng_state.has_value() && rng_state->defined() ? *rng_state : drawn;
+}
+
+// The forward's outputs: lse and the drawn state are not differentiable, and their gradients
+// never exist, so backward gets no zero tensors for them.
+void mark_outputs(AutogradContext* ctx, const at::Tensor& lse, const at::Tensor& drawn) {
+  ctx->mark_non_differentiable({lse, drawn});
+  ctx->set_materialize_grads(false);
+}
+
+// The non-tensor arguments both ops' backwards take from their forward, kept in saved_data
+// (scale and backends only when set).
+struct SavedSettings {
+  double dropout_p = 0.0;
+  std::string causal;
+  std::optional<double> scale;
+  std::vector<std::string> backends;
+
+  static void save(AutogradContext* ctx, double dropout_p, c10::string_view causal,
+                   std::optional<double> scale, std::vector<std::string> backends) {
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["causal"] = std::string(causal);
+    if (scale) ctx->saved_data["scale"] = *scale;
+    if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
+  }
+
+  static SavedSettings load(const AutogradContext* ctx) {
+    const auto& data = ctx->saved_data;
+    SavedSettings settings;
+    settings.dropout_p = data.at("dropout_p").toDouble();
+    settings.causal = data.at("causal").toStringRef();
+    if (const auto it = data.find("scale"); it != data.end()) {
+      settings.scale = it->second.toDouble();
+    }
+    if (const auto it = data.find("backends"); it != data.end()) {
+      settings.backends = it->second.to<std::vector<std::string>>();
+    }
+    return settings;
+  }
+};
+
 // Forward inputs, in order: q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
 // generator, q_start, k_start, kv_block; outputs: out, lse, the drawn rng_state (lse and the
 // state are not differentiable). With global coordinates the backward uses the same ones: the
@@ -70,16 +127,10 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     auto [out, lse, drawn] =
         fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
                       std::move(generator), q_start, k_start, kv_block);
-    const bool given = rng_state.has_value() && rng_state->defined();
     ctx->save_for_backward({q, k, v, bias.value_or(at::Tensor()), out, lse,
-                            dropout_p > 0.0 ? (given ? *rng_state : drawn) : at::Tensor()});
-    ctx->mark_non_differentiable({lse, drawn});
-    // The gradients of lse and the state never exist: no zero tensors for them in backward.
-    ctx->set_materialize_grads(false);
-    ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["causal"] = std::string(causal);
-    if (scale) ctx->saved_data["scale"] = *scale;
-    if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
+                            state_to_save(rng_state, drawn, dropout_p)});
+    mark_outputs(ctx, lse, drawn);
+    SavedSettings::save(ctx, dropout_p, causal, scale, std::move(backends));
     if (q_start != 0) ctx->saved_data["q_start"] = q_start;
     if (k_start != 0) ctx->saved_data["k_start"] = k_start;
     if (kv_block) ctx->saved_data["kv_block"] = true;
@@ -87,17 +138,14 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    variable_list grads(kInputs);  // undefined: no gradient (also for the non-tensor inputs)
     const at::Tensor& dout = grad_outputs[0];
-    if (!dout.defined()) return grads;  // out did not reach the loss
+    if (!dout.defined()) return input_gradients(kInputs, {});  // out did not reach the loss
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& bias = saved[3];
     // needs_input_grad counts tensor inputs only: q, k, v, then the bias (when given) is 3.
     const bool bias_grad = bias.defined() && ctx->needs_input_grad(3);
+    const SavedSettings settings = SavedSettings::load(ctx);
     const auto& data = ctx->saved_data;
-    const auto scale = data.find("scale");
-    const auto backends = data.find("backends");
-    const std::string causal = data.at("causal").toStringRef();
     auto int_or_zero = [&](const char* key) {
       const auto it = data.find(key);
       return it == data.end() ? std::int64_t{0} : it->second.toInt();
@@ -106,19 +154,13 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     // not-implemented fallback costs more than the rest of this function.
     std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
     if (!at::GradMode::is_enabled()) below_autograd.emplace();
-    auto [dq, dk, dv, dbias] = bwd_op().call(
-        dout, saved[0], saved[1], saved[2], defined_or_none(bias), saved[4], saved[5],
-        defined_or_none(saved[6]), data.at("dropout_p").toDouble(), causal,
-        scale == data.end() ? std::nullopt : std::optional<double>(scale->second.toDouble()),
-        bias_grad,
-        backends == data.end() ? std::vector<std::string>()
-                               : backends->second.to<std::vector<std::string>>(),
-        int_or_zero("q_start"), int_or_zero("k_start"), data.count("kv_block") != 0);
-    grads[0] = std::move(dq);
-    grads[1] = std::move(dk);
-    grads[2] = std::move(dv);
-    if (bias_grad) grads[3] = std::move(dbias);
-    return grads;
+    auto [dq, dk, dv, dbias] =
+        bwd_op().call(dout, saved[0], saved[1], saved[2], defined_or_none(bias), saved[4], saved[5],
+                      defined_or_none(saved[6]), settings.dropout_p, settings.causal,
+                      settings.scale, bias_grad, settings.backends, int_or_zero("q_start"),
+                      int_or_zero("k_start"), data.count("kv_block") != 0);
+    return input_gradients(kInputs, {std::move(dq), std::move(dk), std::move(dv),
+                                     bias_grad ? std::move(dbias) : at::Tensor()});
   }
 };
 
@@ -211,42 +253,28 @@ class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttention
     auto [out, lse, drawn] = varlen_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                   max_seqlen_k, rng_state, dropout_p, causal, scale,
                                                   backends, check_offsets, std::move(generator));
-    const bool given = rng_state.has_value() && rng_state->defined();
     ctx->save_for_backward({q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse,
-                            dropout_p > 0.0 ? (given ? *rng_state : drawn) : at::Tensor()});
-    ctx->mark_non_differentiable({lse, drawn});
-    ctx->set_materialize_grads(false);
+                            state_to_save(rng_state, drawn, dropout_p)});
+    mark_outputs(ctx, lse, drawn);
+    SavedSettings::save(ctx, dropout_p, causal, scale, std::move(backends));
     ctx->saved_data["max_seqlen_q"] = std::move(max_seqlen_q);
     ctx->saved_data["max_seqlen_k"] = std::move(max_seqlen_k);
-    ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["causal"] = std::string(causal);
-    if (scale) ctx->saved_data["scale"] = *scale;
-    if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
     return {std::move(out), std::move(lse), std::move(drawn)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    variable_list grads(kInputs);  // undefined: no gradient (also for the non-tensor inputs)
     const at::Tensor& dout = grad_outputs[0];
-    if (!dout.defined()) return grads;  // out did not reach the loss
+    if (!dout.defined()) return input_gradients(kInputs, {});  // out did not reach the loss
     const variable_list saved = ctx->get_saved_variables();
+    const SavedSettings settings = SavedSettings::load(ctx);
     const auto& data = ctx->saved_data;
-    const auto scale = data.find("scale");
-    const auto backends = data.find("backends");
-    const std::string causal = data.at("causal").toStringRef();
-    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;  // as in AttentionFunction
     if (!at::GradMode::is_enabled()) below_autograd.emplace();
     auto [dq, dk, dv] = varlen_bwd_op().call(
         dout, saved[0], saved[1], saved[2], saved[3], saved[4], data.at("max_seqlen_q").toSymInt(),
         data.at("max_seqlen_k").toSymInt(), saved[5], saved[6], defined_or_none(saved[7]),
-        data.at("dropout_p").toDouble(), causal,
-        scale == data.end() ? std::nullopt : std::optional<double>(scale->second.toDouble()),
-        backends == data.end() ? std::vector<std::string>()
-                               : backends->second.to<std::vector<std::string>>());
-    grads[0] = std::move(dq);
-    grads[1] = std::move(dk);
-    grads[2] = std::move(dv);
-    return grads;
+        settings.dropout_p, settings.causal, settings.scale, settings.backends);
+    return input_gradients(kInputs, {std::move(dq), std::move(dk), std::move(dv)});
   }
 };
 

@@ -1,7 +1,7 @@
 // Shared pieces of memeff's torch bindings: views of at::Tensors as memeff::TensorViews, outputs
 // allocated in their inputs' layout, the translation of memeff::Error into torch's Python-visible
-// errors, and the device-independent forward/backward drivers that ops.cpp (CPU) and
-// ops_cuda.cpp (CUDA) call with their stream and the call's RNG state.
+// errors, and the device-independent forward/backward drivers (defined in ops.cpp) that the CPU
+// and CUDA kernels (device_kernels.h) call with their stream and the call's RNG state.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,7 +32,8 @@ at::Tensor last_dim_contiguous(const at::Tensor& t);
 // python/memeff/torch/__init__.py (_empty_in_layout_of) mirrors this rule for the fake kernels.
 at::Tensor empty_in_layout_of(const at::Tensor& like, std::int64_t last);
 
-// "none", "top_left" or "bottom_right".
+// A causal mode by memeff's name of it (memeff::causal_mode_from_name: "none", "top_left",
+// "bottom_right"); any other text is a ValueError that names `causal` and lists the names.
 memeff::CausalMode parse_causal(c10::string_view causal);
 
 // The RNG state a call reads, from an int64[2] (seed, offset) tensor: on the CPU its values

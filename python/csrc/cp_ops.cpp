@@ -14,11 +14,15 @@
 namespace memeff_torch {
 namespace {
 
+// memeff's names of the layouts (memeff::cp::layout_name), the only spelling.
 memeff::cp::Layout parse_layout(c10::string_view layout) {
-  if (layout == "zigzag") return memeff::cp::Layout::zigzag;
-  if (layout == "contiguous") return memeff::cp::Layout::contiguous;
-  TORCH_CHECK_VALUE(false, "argument `layout`: expected \"zigzag\" or \"contiguous\", got \"",
-                    layout, "\"");
+  using memeff::cp::Layout;
+  for (const Layout l : {Layout::zigzag, Layout::contiguous}) {
+    if (layout == memeff::cp::layout_name(l)) return l;
+  }
+  TORCH_CHECK_VALUE(false, "argument `layout`: expected \"",
+                    memeff::cp::layout_name(Layout::zigzag), "\" or \"",
+                    memeff::cp::layout_name(Layout::contiguous), "\", got \"", layout, "\"");
 }
 
 int ranks_of(std::int64_t ranks) {

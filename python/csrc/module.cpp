@@ -1,6 +1,6 @@
 // The Python module memeff._C: importing it loads this shared library, whose static
 // TORCH_LIBRARY blocks register torch.ops.memeff.*. It defines no Python functions itself
-// (the API is torch.ops.memeff and memeff/torch.py), so it needs no pybind11.
+// (the API is torch.ops.memeff and the memeff.torch package), so it needs no pybind11.
 #include <Python.h>
 
 extern "C" {

@@ -1,8 +1,9 @@
-// The torch.ops.memeff operator library: schemas, the CPU kernels, and the device-independent
-// drivers that turn torch tensors into memeff::TensorViews and run one memeff::PreparedCall per
-// pass (one decision, the workspace from torch's allocator in between). The autograd kernel is
-// in autograd.cpp; the fake (meta) kernels are registered from Python (memeff/torch).
-// Per-operator headers (not ATen/ATen.h) keep this file quick to compile.
+// The torch.ops.memeff operator library: schemas, the CPU kernels (device_kernels.h over the
+// CPU's generator), and the device-independent drivers that turn torch tensors into
+// memeff::TensorViews and run one memeff::PreparedCall per pass (one decision, the workspace from
+// torch's allocator in between). The autograd kernel is in autograd.cpp; the fake (meta) kernels
+// are registered from Python (memeff/torch). Per-operator headers (not ATen/ATen.h) keep this
+// file quick to compile.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -16,10 +17,14 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
+#include "device_kernels.h"
 #include "memeff/dispatch.h"
 #include "memeff/dropout.h"
 
@@ -62,41 +67,55 @@ memeff::CallInfo run_prepared(memeff::PreparedCall call, const at::Tensor& like)
   return translate_errors([&] { return call.run(bytes ? workspace.data_ptr() : nullptr, bytes); });
 }
 
+// q, k and v of a dense call have 4 dimensions, of a packed call 3: `layout` names them.
+void check_rank(const at::Tensor& t, const char* name, std::int64_t rank, const char* layout) {
+  TORCH_CHECK_VALUE(t.dim() == rank, "argument `", name, "`: expected a ", layout, " tensor, got ",
+                    t.dim(), " dimensions");
+}
+
 // The tensors of a call with their last dimension made contiguous (kept alive for its duration)
-// and the memeff arguments viewing them.
+// and the memeff arguments viewing them. A dense call may have a bias; a packed one has offsets.
 struct Inputs {
   at::Tensor q, k, v;
   std::optional<at::Tensor> bias;
+  at::Tensor cu_seqlens_q, cu_seqlens_k;
   memeff::AttentionArgs args;
+
+  void set_qkv(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+    q = last_dim_contiguous(q_in);
+    k = last_dim_contiguous(k_in);
+    v = last_dim_contiguous(v_in);
+    args.q = view_of(q, "q");
+    args.k = view_of(k, "k");
+    args.v = view_of(v, "v");
+  }
+
+  // The settings every call takes; the RNG state last (a device state must be on q's device).
+  void set_settings(std::optional<double> scale, c10::string_view causal, double dropout_p,
+                    const at::Tensor& rng_state, const at::Tensor& q_in) {
+    args.scale = scale;
+    args.causal = parse_causal(causal);
+    args.dropout_p = dropout_p;
+    args.rng = rng_of(rng_state, dropout_p, q_in);
+  }
 };
 
 Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const std::optional<at::Tensor>& bias, const at::Tensor& rng_state,
                  double dropout_p, c10::string_view causal, std::optional<double> scale,
                  const BlockCoordinates& coords) {
-  TORCH_CHECK_VALUE(q.dim() == 4, "argument `q`: expected a [B, Hq, Lq, D] tensor, got ",
-                    q.dim(), " dimensions");
-  TORCH_CHECK_VALUE(k.dim() == 4, "argument `k`: expected a [B, Hkv, Lk, D] tensor, got ",
-                    k.dim(), " dimensions");
-  TORCH_CHECK_VALUE(v.dim() == 4, "argument `v`: expected a [B, Hkv, Lk, Dv] tensor, got ",
-                    v.dim(), " dimensions");
+  check_rank(q, "q", 4, "[B, Hq, Lq, D]");
+  check_rank(k, "k", 4, "[B, Hkv, Lk, D]");
+  check_rank(v, "v", 4, "[B, Hkv, Lk, Dv]");
   Inputs in;
-  in.q = last_dim_contiguous(q);
-  in.k = last_dim_contiguous(k);
-  in.v = last_dim_contiguous(v);
-  in.args.q = view_of(in.q, "q");
-  in.args.k = view_of(in.k, "k");
-  in.args.v = view_of(in.v, "v");
+  in.set_qkv(q, k, v);
   if (bias && bias->defined()) {
     TORCH_CHECK_VALUE(bias->dim() == 4, "argument `bias`: expected 4 dimensions [B|1, Hq|1, "
                       "Lq|1, Lk], got ", bias->dim());
     in.bias = last_dim_contiguous(*bias);
     in.args.bias = view_of(*in.bias, "bias");
   }
-  in.args.scale = scale;
-  in.args.causal = parse_causal(causal);
-  in.args.dropout_p = dropout_p;
-  in.args.rng = rng_of(rng_state, dropout_p, q);
+  in.set_settings(scale, causal, dropout_p, rng_state, q);
   // memeff validates them (starts >= 0 and in the dropout map's range, no bottom_right) and
   // names the argument.
   in.args.q_start = coords.q_start;
@@ -147,34 +166,20 @@ memeff::TensorView offsets_view(const at::Tensor& cu) {
   return view;
 }
 
-// The tensors of a packed call (q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv],
-// the offsets) kept alive for its duration, and the memeff arguments viewing them.
-struct PackedInputs {
-  at::Tensor q, k, v, cu_seqlens_q, cu_seqlens_k;
-  memeff::AttentionArgs args;
-};
-
-PackedInputs packed_inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                              std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
-                              const at::Tensor& rng_state, double dropout_p,
-                              c10::string_view causal, std::optional<double> scale,
-                              bool check_offsets) {
-  TORCH_CHECK_VALUE(q.dim() == 3, "argument `q`: expected a packed [total_q, Hq, D] tensor, got ",
-                    q.dim(), " dimensions");
-  TORCH_CHECK_VALUE(k.dim() == 3, "argument `k`: expected a packed [total_k, Hkv, D] tensor, got ",
-                    k.dim(), " dimensions");
-  TORCH_CHECK_VALUE(v.dim() == 3, "argument `v`: expected a packed [total_k, Hkv, Dv] tensor, got ",
-                    v.dim(), " dimensions");
-  PackedInputs in;
+// The tensors of a packed call: q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]
+// and the offsets.
+Inputs packed_inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                        std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+                        const at::Tensor& rng_state, double dropout_p, c10::string_view causal,
+                        std::optional<double> scale, bool check_offsets) {
+  check_rank(q, "q", 3, "packed [total_q, Hq, D]");
+  check_rank(k, "k", 3, "packed [total_k, Hkv, D]");
+  check_rank(v, "v", 3, "packed [total_k, Hkv, Dv]");
+  Inputs in;
   in.cu_seqlens_q = offsets_of(cu_seqlens_q, "cu_seqlens_q", q);
   in.cu_seqlens_k = offsets_of(cu_seqlens_k, "cu_seqlens_k", q);
-  in.q = last_dim_contiguous(q);
-  in.k = last_dim_contiguous(k);
-  in.v = last_dim_contiguous(v);
-  in.args.q = view_of(in.q, "q");
-  in.args.k = view_of(in.k, "k");
-  in.args.v = view_of(in.v, "v");
+  in.set_qkv(q, k, v);
   memeff::PackedSequences packed;
   packed.cu_seqlens_q = offsets_view(in.cu_seqlens_q);
   packed.cu_seqlens_k = offsets_view(in.cu_seqlens_k);
@@ -182,10 +187,7 @@ PackedInputs packed_inputs_of(const at::Tensor& q, const at::Tensor& k, const at
   packed.max_seqlen_k = max_seqlen_k;
   packed.check_offsets = check_offsets;
   in.args.packed = packed;
-  in.args.scale = scale;
-  in.args.causal = parse_causal(causal);
-  in.args.dropout_p = dropout_p;
-  in.args.rng = rng_of(rng_state, dropout_p, q);
+  in.set_settings(scale, causal, dropout_p, rng_state, q);
   return in;
 }
 
@@ -254,11 +256,15 @@ at::Tensor empty_in_layout_of(const at::Tensor& like, std::int64_t last) {
 }
 
 memeff::CausalMode parse_causal(c10::string_view causal) {
-  if (causal == "none") return memeff::CausalMode::none;
-  if (causal == "top_left") return memeff::CausalMode::top_left;
-  if (causal == "bottom_right") return memeff::CausalMode::bottom_right;
-  TORCH_CHECK_VALUE(false, "argument `causal`: expected \"none\", \"top_left\" or "
-                    "\"bottom_right\", got \"", causal, "\"");
+  const std::string_view name(causal.data(), causal.size());
+  if (const std::optional<memeff::CausalMode> mode = memeff::causal_mode_from_name(name)) {
+    return *mode;
+  }
+  using memeff::causal_mode_name;
+  TORCH_CHECK_VALUE(false, "argument `causal`: expected \"",
+                    causal_mode_name(memeff::CausalMode::none), "\", \"",
+                    causal_mode_name(memeff::CausalMode::top_left), "\" or \"",
+                    causal_mode_name(memeff::CausalMode::bottom_right), "\", got \"", name, "\"");
 }
 
 memeff::RngState rng_of(const at::Tensor& rng_state, double dropout_p, const at::Tensor& q) {
@@ -297,40 +303,45 @@ at::Tensor cpu_state(std::uint64_t seed, std::uint64_t offset) {
   return state;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
-    at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, const BlockCoordinates& coords, void* stream) {
-  const bool given = rng_state && rng_state->defined();
-  const Inputs in =
-      inputs_of(q, k, v, bias, given ? *rng_state : drawn, dropout_p, causal, scale, coords);
-  at::Tensor out = empty_in_layout_of(q, v.size(3));
-  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  if (is_empty_problem(q, k)) {
-    // Validation still runs (memeff names bad arguments); then the edge semantics: a row that
-    // sees no key gives out = 0 and lse = -inf.
-    translate_errors([&] { memeff::validate_inputs(in.args); });
+namespace {
+
+// The forward both ops end with: one prepared decision writing out and lse, run on `like`'s
+// device and stream. A call with nothing to compute (`empty`) is still validated (memeff names
+// bad arguments), then gets the edge results: a row that sees no key gives out = 0 and
+// lse = -inf.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(const memeff::AttentionArgs& args,
+                                                           bool empty, at::Tensor out,
+                                                           at::Tensor lse, at::Tensor drawn,
+                                                           std::vector<std::string> backends,
+                                                           void* stream, const at::Tensor& like) {
+  if (empty) {
+    translate_errors([&] { memeff::validate_inputs(args); });
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
     return {std::move(out), std::move(lse), std::move(drawn)};
   }
   memeff::PreparedCall call = translate_errors([&] {
-    return memeff::PreparedCall::forward(in.args, view_of(out, "out"), view_of(lse, "lse"),
+    return memeff::PreparedCall::forward(args, view_of(out, "out"), view_of(lse, "lse"),
                                          options_of(std::move(backends), stream));
   });
-  remember_backend(g_last_forward_backend, run_prepared(std::move(call), q).backend);
+  remember_backend(g_last_forward_backend, run_prepared(std::move(call), like).backend);
   return {std::move(out), std::move(lse), std::move(drawn)};
 }
 
-namespace {
-
-// The backward call both ops end with: views of the gradients' tensors (dout and out with a
-// contiguous last dimension), one prepared decision, run on `like`'s device and stream.
-void run_backward(const memeff::AttentionArgs& args, const at::Tensor& dout, const at::Tensor& out,
-                  const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
-                  const at::Tensor& dv, const at::Tensor* dbias, std::vector<std::string> backends,
-                  void* stream, const at::Tensor& like) {
+// The backward both ops end with: views of the gradients' tensors (dout and out with a
+// contiguous last dimension), one prepared decision, run on `like`'s device and stream. An
+// `empty` call is validated and its gradients are zero.
+void run_backward(const memeff::AttentionArgs& args, bool empty, const at::Tensor& dout,
+                  const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dq,
+                  const at::Tensor& dk, const at::Tensor& dv, const at::Tensor* dbias,
+                  std::vector<std::string> backends, void* stream, const at::Tensor& like) {
+  if (empty) {
+    translate_errors([&] { memeff::validate_inputs(args); });
+    for (const at::Tensor* grad : {&dq, &dk, &dv, dbias}) {
+      if (grad != nullptr) grad->zero_();
+    }
+    return;
+  }
   const at::Tensor dout_c = last_dim_contiguous(dout);
   const at::Tensor out_c = last_dim_contiguous(out);
   memeff::BackwardTensors grads;
@@ -347,7 +358,26 @@ void run_backward(const memeff::AttentionArgs& args, const at::Tensor& dout, con
   remember_backend(g_last_backward_backend, run_prepared(std::move(call), like).backend);
 }
 
+// The state a call reads: the caller's when given, else `drawn` (the forward's fresh one; an
+// undefined tensor for the backward, which always has the forward's).
+const at::Tensor& state_of(const std::optional<at::Tensor>& rng_state, const at::Tensor& drawn) {
+  return rng_state && rng_state->defined() ? *rng_state : drawn;
+}
+
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
+    at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
+    std::vector<std::string> backends, const BlockCoordinates& coords, void* stream) {
+  const Inputs in =
+      inputs_of(q, k, v, bias, state_of(rng_state, drawn), dropout_p, causal, scale, coords);
+  at::Tensor out = empty_in_layout_of(q, v.size(3));
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  return run_forward(in.args, is_empty_problem(q, k), std::move(out), std::move(lse),
+                     std::move(drawn), std::move(backends), stream, q);
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -355,9 +385,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
     const BlockCoordinates& coords, void* stream) {
-  const at::Tensor no_rng;
+  const at::Tensor none;
   const Inputs in =
-      inputs_of(q, k, v, bias, rng_state ? *rng_state : no_rng, dropout_p, causal, scale, coords);
+      inputs_of(q, k, v, bias, state_of(rng_state, none), dropout_p, causal, scale, coords);
   TORCH_CHECK_VALUE(!bias_grad || in.bias.has_value(),
                     "argument `bias_grad`: true, but the call has no bias");
   at::Tensor dq = empty_in_layout_of(q, q.size(3));
@@ -365,16 +395,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
   at::Tensor dv = empty_in_layout_of(v, v.size(3));
   at::Tensor dbias = bias_grad ? at::empty(in.bias->sizes(), in.bias->options())
                                : at::empty({0}, q.options());
-  if (is_empty_problem(q, k)) {
-    translate_errors([&] { memeff::validate_inputs(in.args); });
-    dq.zero_();
-    dk.zero_();
-    dv.zero_();
-    dbias.zero_();
-    return {dq, dk, dv, dbias};
-  }
-  run_backward(in.args, dout, out, lse, dq, dk, dv, bias_grad ? &dbias : nullptr,
-               std::move(backends), stream, q);
+  run_backward(in.args, is_empty_problem(q, k), dout, out, lse, dq, dk, dv,
+               bias_grad ? &dbias : nullptr, std::move(backends), stream, q);
   return {dq, dk, dv, dbias};
 }
 
@@ -384,23 +406,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_forward_on(
     const std::optional<at::Tensor>& rng_state, at::Tensor drawn, double dropout_p,
     c10::string_view causal, std::optional<double> scale, std::vector<std::string> backends,
     bool check_offsets, void* stream) {
-  const bool given = rng_state && rng_state->defined();
-  const PackedInputs in =
+  const Inputs in =
       packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       given ? *rng_state : drawn, dropout_p, causal, scale, check_offsets);
+                       state_of(rng_state, drawn), dropout_p, causal, scale, check_offsets);
   at::Tensor out = empty_in_layout_of(q, v.size(2));
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-  if (is_empty_packed_problem(q)) {
-    translate_errors([&] { memeff::validate_inputs(in.args); });
-    out.zero_();
-    return {std::move(out), std::move(lse), std::move(drawn)};
-  }
-  memeff::PreparedCall call = translate_errors([&] {
-    return memeff::PreparedCall::forward(in.args, view_of(out, "out"), view_of(lse, "lse"),
-                                         options_of(std::move(backends), stream));
-  });
-  remember_backend(g_last_forward_backend, run_prepared(std::move(call), q).backend);
-  return {std::move(out), std::move(lse), std::move(drawn)};
+  return run_forward(in.args, is_empty_packed_problem(q), std::move(out), std::move(lse),
+                     std::move(drawn), std::move(backends), stream, q);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
@@ -409,22 +421,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
     std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, std::vector<std::string> backends, void* stream) {
-  const at::Tensor no_rng;
   // The forward checked the offsets when asked to; the backward never synchronizes for them.
-  const PackedInputs in =
-      packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       rng_state ? *rng_state : no_rng, dropout_p, causal, scale, false);
+  const at::Tensor none;
+  const Inputs in = packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, state_of(rng_state, none), dropout_p, causal,
+                                     scale, /*check_offsets=*/false);
   at::Tensor dq = empty_in_layout_of(q, q.size(2));
   at::Tensor dk = empty_in_layout_of(k, k.size(2));
   at::Tensor dv = empty_in_layout_of(v, v.size(2));
-  if (is_empty_packed_problem(q)) {
-    translate_errors([&] { memeff::validate_inputs(in.args); });
-    dq.zero_();
-    dk.zero_();
-    dv.zero_();
-    return {dq, dk, dv};
-  }
-  run_backward(in.args, dout, out, lse, dq, dk, dv, nullptr, std::move(backends), stream, q);
+  run_backward(in.args, is_empty_packed_problem(q), dout, out, lse, dq, dk, dv, nullptr,
+               std::move(backends), stream, q);
   return {dq, dk, dv};
 }
 
@@ -444,57 +450,24 @@ at::Tensor draw_cpu_state(const std::optional<at::Generator>& generator) {
   return cpu_state(seed, offset);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
-    double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
-    std::int64_t k_start, bool kv_block) {
-  return forward_on(q, k, v, bias, rng_state,
-                    needs_draw(rng_state, dropout_p) ? draw_cpu_state(generator) : no_state(),
-                    dropout_p, causal, scale, std::move(backends), {q_start, k_start, kv_block},
-                    nullptr);
-}
+// DeviceKernels' CPU side: nothing to guard, no stream, and the dropout state drawn from torch's
+// CPU generator; every tensor of a CPU call is on the CPU (the dispatcher saw no other device).
+struct CpuDevice {
+  struct Guard {
+    explicit Guard(c10::Device /*device*/) {}
+  };
+  static void* stream(const at::Tensor& /*q*/) { return nullptr; }
+  static at::Tensor draw_state(const at::Tensor& /*q*/,
+                               const std::optional<at::Generator>& generator) {
+    return draw_cpu_state(generator);
+  }
+  static void check_packed_devices(const at::Tensor& /*q*/, const at::Tensor& /*k*/,
+                                   const at::Tensor& /*v*/, const at::Tensor& /*cu_seqlens_q*/,
+                                   const at::Tensor& /*cu_seqlens_k*/,
+                                   const std::optional<at::Tensor>& /*rng_state*/) {}
+};
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
-    std::int64_t q_start, std::int64_t k_start, bool kv_block) {
-  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
-                     std::move(backends), {q_start, k_start, kv_block}, nullptr);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cpu(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-    const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
-    std::optional<at::Generator> generator) {
-  return varlen_forward_on(
-      q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state,
-      needs_draw(rng_state, dropout_p) ? draw_cpu_state(generator) : no_state(), dropout_p, causal,
-      scale, std::move(backends), check_offsets, nullptr);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
-    std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, std::vector<std::string> backends) {
-  return varlen_backward_on(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            out, lse, rng_state, dropout_p, causal, scale, std::move(backends),
-                            nullptr);
-}
-
-// A fresh (seed, offset) from the CPU generator, as the forward op draws it: for callers that
-// need the state before the call (the context-parallel ring shares one over its ranks).
-at::Tensor draw_rng_state_cpu(const at::Tensor& like, std::optional<at::Generator> generator) {
-  (void)like;  // selects the device's generator through the dispatcher
-  return draw_cpu_state(generator);
-}
+using CpuKernels = DeviceKernels<CpuDevice>;
 
 // The 0/1 keep decisions of a call with this RNG state, as a bool [B, H, Lq, Lk] CPU tensor.
 at::Tensor dropout_mask_cpu(const at::Tensor& rng_state, at::IntArrayRef shape, double dropout_p) {
@@ -537,6 +510,16 @@ std::vector<std::string> last_backends_op() {
 std::string version_op() { return memeff::version(); }
 
 std::vector<std::string> backend_names_op() { return memeff::backend_names(); }
+
+// The names `causal` takes, memeff's one spelling of each mode (for the Python checks).
+std::vector<std::string> causal_modes_op() {
+  std::vector<std::string> names;
+  for (const memeff::CausalMode mode :
+       {memeff::CausalMode::none, memeff::CausalMode::top_left, memeff::CausalMode::bottom_right}) {
+    names.emplace_back(memeff::causal_mode_name(mode));
+  }
+  return names;
+}
 
 }  // namespace
 }  // namespace memeff_torch
@@ -599,13 +582,14 @@ TORCH_LIBRARY(memeff, m) {
   m.def("last_backends() -> str[]", &memeff_torch::last_backends_op);
   m.def("version() -> str", &memeff_torch::version_op);
   m.def("backend_names() -> str[]", &memeff_torch::backend_names_op);
+  m.def("causal_modes() -> str[]", &memeff_torch::causal_modes_op);
 }
 
 TORCH_LIBRARY_IMPL(memeff, CPU, m) {
-  m.impl("fwd", &memeff_torch::fwd_cpu);
-  m.impl("bwd", &memeff_torch::bwd_cpu);
-  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_cpu);
-  m.impl("varlen_bwd", &memeff_torch::varlen_bwd_cpu);
+  m.impl("fwd", &memeff_torch::CpuKernels::fwd);
+  m.impl("bwd", &memeff_torch::CpuKernels::bwd);
+  m.impl("varlen_fwd", &memeff_torch::CpuKernels::varlen_fwd);
+  m.impl("varlen_bwd", &memeff_torch::CpuKernels::varlen_bwd);
   m.impl("dropout_mask", &memeff_torch::dropout_mask_cpu);
-  m.impl("draw_rng_state", &memeff_torch::draw_rng_state_cpu);
+  m.impl("draw_rng_state", &memeff_torch::CpuKernels::draw_rng_state);
 }

@@ -1,9 +1,9 @@
-// The CUDA kernels of torch.ops.memeff: forward/backward on torch's current stream of the
-// inputs' device. A forward with dropout draws its (seed, offset) from torch's CUDA generator
-// the graph-safe way PyTorch's own fused attention does (philox_cuda_state under the generator's
-// mutex): outside capture the values go straight to the kernels and come back as a CPU tensor,
-// with no launch of their own; under capture they live in device memory and rng_state.cu
-// resolves them when the graph runs.
+// The CUDA kernels of torch.ops.memeff (device_kernels.h over CudaDevice): forward/backward on
+// torch's current stream of the inputs' device. A forward with dropout draws its (seed, offset)
+// from torch's CUDA generator the graph-safe way PyTorch's own fused attention does
+// (philox_cuda_state under the generator's mutex): outside capture the values go straight to the
+// kernels and come back as a CPU tensor, with no launch of their own; under capture they live in
+// device memory and rng_state.cu resolves them when the graph runs.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "bindings.h"
+#include "device_kernels.h"
 #include "rng_state.h"
 
 namespace memeff_torch {
@@ -52,42 +53,22 @@ at::Tensor draw_cuda_state(const at::Tensor& q, const std::optional<at::Generato
   return state;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cuda(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
-    double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
-    std::int64_t k_start, bool kv_block) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  return forward_on(q, k, v, bias, rng_state,
-                    needs_draw(rng_state, dropout_p) ? draw_cuda_state(q, generator) : no_state(),
-                    dropout_p, causal, scale, std::move(backends), {q_start, k_start, kv_block},
-                    current_stream(q));
-}
+// DeviceKernels' CUDA side: the call on q's device and torch's current stream there. A host
+// call that another argument on a GPU brought here (the dispatcher picks CUDA when any tensor is
+// on one) names that argument, before anything touches the device.
+struct CudaDevice {
+  using Guard = c10::cuda::CUDAGuard;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd_cuda(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
-    std::int64_t q_start, std::int64_t k_start, bool kv_block) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
-                     std::move(backends), {q_start, k_start, kv_block}, current_stream(q));
-}
+  static void* stream(const at::Tensor& q) { return current_stream(q); }
 
-at::Tensor draw_rng_state_cuda(const at::Tensor& like, std::optional<at::Generator> generator) {
-  const c10::cuda::CUDAGuard guard(like.device());
-  return draw_cuda_state(like, generator);
-}
+  static at::Tensor draw_state(const at::Tensor& q, const std::optional<at::Generator>& generator) {
+    return draw_cuda_state(q, generator);
+  }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-    const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
-    std::optional<at::Generator> generator) {
-  if (!q.is_cuda()) {  // another argument on a GPU brought a host call here: name it
+  static void check_packed_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                   const std::optional<at::Tensor>& rng_state) {
+    if (q.is_cuda()) return;
     const std::pair<const char*, const at::Tensor*> others[] = {
         {"k", &k}, {"v", &v}, {"cu_seqlens_q", &cu_seqlens_q}, {"cu_seqlens_k", &cu_seqlens_k}};
     for (const auto& [name, t] : others) {
@@ -98,32 +79,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_cuda(
                       " (the device of q), got ",
                       rng_state && rng_state->defined() ? rng_state->device() : q.device());
   }
-  const c10::cuda::CUDAGuard guard(q.device());
-  return varlen_forward_on(
-      q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state,
-      needs_draw(rng_state, dropout_p) ? draw_cuda_state(q, generator) : no_state(), dropout_p,
-      causal, scale, std::move(backends), check_offsets, current_stream(q));
-}
+};
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
-    std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
-    const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, std::vector<std::string> backends) {
-  const c10::cuda::CUDAGuard guard(q.device());
-  return varlen_backward_on(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            out, lse, rng_state, dropout_p, causal, scale, std::move(backends),
-                            current_stream(q));
-}
+using CudaKernels = DeviceKernels<CudaDevice>;
 
 }  // namespace
 }  // namespace memeff_torch
 
 TORCH_LIBRARY_IMPL(memeff, CUDA, m) {
-  m.impl("fwd", &memeff_torch::fwd_cuda);
-  m.impl("bwd", &memeff_torch::bwd_cuda);
-  m.impl("varlen_fwd", &memeff_torch::varlen_fwd_cuda);
-  m.impl("varlen_bwd", &memeff_torch::varlen_bwd_cuda);
-  m.impl("draw_rng_state", &memeff_torch::draw_rng_state_cuda);
+  m.impl("fwd", &memeff_torch::CudaKernels::fwd);
+  m.impl("bwd", &memeff_torch::CudaKernels::bwd);
+  m.impl("varlen_fwd", &memeff_torch::CudaKernels::varlen_fwd);
+  m.impl("varlen_bwd", &memeff_torch::CudaKernels::varlen_bwd);
+  m.impl("draw_rng_state", &memeff_torch::CudaKernels::draw_rng_state);
 }

@@ -1,7 +1,9 @@
 # Reference attention and comparison helpers for memeff's PyTorch tests: an explicit fp64 math
 # reference that can apply a given dropout keep-mask, causal masks built by hand (bottom-right
-# too), and a tolerance scaled by the error of a same-precision baseline.
+# too), a tolerance scaled by the error of a same-precision baseline (and the comparison of an
+# output and its gradients under it), and the capture of a CUDA graph for replay tests.
 import math
+import zlib
 
 import torch
 
@@ -76,3 +78,72 @@ def assert_close_to_reference(actual, expected, baseline, dtype, what):
         raise AssertionError(f"{what}: max error {err:.3g} at {where} exceeds tolerance "
                              f"{tol:.3g} (same-precision baseline error {base:.3g}, "
                              f"{dtype}, shape {tuple(actual.shape)})")
+
+
+def assert_output_and_grads_close(out, grads, inputs, dout, reference, dtype, names, what=""):
+    """memeff's `out` and `grads` (the gradients of the inputs that require one, in order)
+    against reference(*inputs) run on fp64 copies of the inputs, with the tolerance of
+    assert_close_to_reference from the same reference run on copies in their own dtype.
+    `inputs` may hold None (passed as is) and non-float tensors such as a boolean mask (passed
+    without conversion); names[i] names the gradient of inputs[i]; `what` prefixes the names."""
+    def run(convert):
+        copies = [None if t is None else convert(t).requires_grad_(t.requires_grad)
+                  for t in inputs]
+        o = reference(*copies)
+        leaves = [c for c in copies if c is not None and c.requires_grad]
+        return o, torch.autograd.grad(o, leaves, convert(dout))
+
+    ref, ref_grads = run(lambda t: t.detach().double() if t.is_floating_point() else t.detach())
+    base, base_grads = run(lambda t: t.detach())
+    wanted = [n for n, t in zip(names, inputs) if t is not None and t.requires_grad]
+    assert len(grads) == len(wanted), f"{what}{len(grads)} gradients for {wanted}"
+    assert_close_to_reference(out, ref, base, dtype, f"{what}out")
+    for name, g, r, b in zip(wanted, grads, ref_grads, base_grads):
+        assert_close_to_reference(g, r, b, dtype, what + name)
+
+
+def capture_graph(step):
+    """A CUDA graph of one call of step() and the outputs that call left, after two warm-up
+    calls on a side stream (as torch's docs advise for capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
+def check_replays(graph, outputs, mask_of, check, replays=3):
+    """Replays a captured dropout step (outputs: out, rng_state, then the gradients) and calls
+    check(what, out, grads, keep) on each replay's outputs with the mask of its rng_state
+    (mask_of(state)); each replay must have drawn its own state and mask."""
+    states, masks = [], []
+    for replay in range(replays):
+        graph.replay()
+        torch.cuda.synchronize()
+        out, state, *grads = (t.clone() for t in outputs)
+        keep = mask_of(state)
+        check(f"replay {replay} ", out, grads, keep)
+        states.append(state.cpu())
+        masks.append(keep)
+    for a in range(replays):
+        for b in range(a + 1, replays):
+            assert not torch.equal(states[a], states[b]), f"replays {a} and {b} reused a state"
+            assert not torch.equal(masks[a], masks[b]), f"replays {a} and {b} reused a mask"
+
+
+def seeded_generator(case):
+    """A CPU generator seeded from a test case's repr: each case its own inputs, the same in
+    every run."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+
+
+def randn_leaves(gen, device, dtype, *shapes):
+    """Tensors of `shapes` drawn from `gen` on the CPU (so every device sees the same values),
+    moved to device and dtype, requiring grad."""
+    return [torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_()
+            for shape in shapes]

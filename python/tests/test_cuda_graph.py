@@ -6,7 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import memeff.torch as mt  # noqa: E402
 
-from attention_helpers import assert_close_to_reference, reference_attention  # noqa: E402
+from attention_helpers import (assert_output_and_grads_close, capture_graph,  # noqa: E402
+                               check_replays, reference_attention)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -26,36 +27,14 @@ def test_graph_replays_draw_fresh_masks_and_consistent_backward(dtype):
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
         return out, state, dq, dk, dv
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture, as torch's docs advise
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-
+    graph, static = capture_graph(step)
     keep_scale = mt.dropout_threshold(p).keep_scale
-    seen_states, seen_masks = [], []
-    for replay in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        out, state, dq, dk, dv = (t.clone() for t in static)
-        keep = mt.dropout_mask((B, H, Lq, Lk), p, state)
-        inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        ref = reference_attention(*inputs, causal="bottom_right", keep=keep, keep_scale=keep_scale)
-        ref_grads = torch.autograd.grad(ref, inputs, dout.double())
-        low = [t.detach().requires_grad_() for t in (q, k, v)]
-        base = reference_attention(*low, causal="bottom_right", keep=keep, keep_scale=keep_scale)
-        base_grads = torch.autograd.grad(base, low, dout)
-        assert_close_to_reference(out, ref, base, dtype, f"replay {replay} out")
-        for name, g, r, b in zip(["dq", "dk", "dv"], (dq, dk, dv), ref_grads, base_grads):
-            assert_close_to_reference(g, r, b, dtype, f"replay {replay} {name}")
-        seen_states.append(state.cpu())
-        seen_masks.append(keep)
-    for a in range(3):
-        for b in range(a + 1, 3):
-            assert not torch.equal(seen_states[a], seen_states[b]), "replays reused an rng state"
-            assert not torch.equal(seen_masks[a], seen_masks[b]), "replays reused a mask"
+
+    def check(what, out, grads, keep):
+        assert_output_and_grads_close(
+            out, grads, (q, k, v), dout,
+            lambda q, k, v: reference_attention(q, k, v, causal="bottom_right", keep=keep,
+                                                keep_scale=keep_scale),
+            dtype, ("dq", "dk", "dv"), what)
+
+    check_replays(graph, static, lambda state: mt.dropout_mask((B, H, Lq, Lk), p, state), check)

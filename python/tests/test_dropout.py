@@ -2,14 +2,14 @@
 # mask from dropout_mask (so the mask the kernels used is checked through their results), the
 # keep rate, and torch's generators deciding the mask (manual_seed, generator=, rng_state=).
 import math
-import zlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import memeff.torch as mt  # noqa: E402
 
-from attention_helpers import assert_close_to_reference, reference_attention  # noqa: E402
+from attention_helpers import (assert_output_and_grads_close, randn_leaves,  # noqa: E402
+                               reference_attention, seeded_generator)
 
 # (B, Hq, Hkv, Lq, Lk, D, causal, bias kind, p)
 CASES = [
@@ -25,10 +25,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}_H{}x{}_L{}x{}_D{}_{}_{}_p{}".format(*c))
 def test_matches_reference_with_its_mask(device, dtype, case):
     B, Hq, Hkv, Lq, Lk, D, causal, bias_kind, p = case
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-    q = torch.randn(B, Hq, Lq, D, generator=gen).to(device, dtype).requires_grad_()
-    k = torch.randn(B, Hkv, Lk, D, generator=gen).to(device, dtype).requires_grad_()
-    v = torch.randn(B, Hkv, Lk, D, generator=gen).to(device, dtype).requires_grad_()
+    gen = seeded_generator(case)
+    q, k, v = randn_leaves(gen, device, dtype, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D))
     bias = None
     if bias_kind == "grad_rows":
         bias = torch.randn(1, Hq, 1, Lk, generator=gen).to(device, dtype).requires_grad_()
@@ -47,20 +45,11 @@ def test_matches_reference_with_its_mask(device, dtype, case):
     assert keep.dtype == torch.bool and keep.shape == (B, Hq, Lq, Lk)
     keep_scale = mt.dropout_threshold(p).keep_scale
 
-    def with_grads(convert):
-        inputs = [convert(t).requires_grad_(t.requires_grad) if t is not None else None
-                  for t in (q, k, v, bias)]
-        o = reference_attention(*inputs[:3], bias=inputs[3], causal=causal, keep=keep,
-                                keep_scale=keep_scale)
-        leaves = [t for t in inputs if t is not None and t.requires_grad]
-        return o, torch.autograd.grad(o, leaves, convert(dout))
-
-    ref, ref_grads = with_grads(lambda t: t.detach().double())
-    base, base_grads = with_grads(lambda t: t.detach())  # same math in the test dtype
-
-    assert_close_to_reference(out, ref, base, dtype, "out")
-    for name, g, r, b in zip(["dq", "dk", "dv", "dbias"], got, ref_grads, base_grads):
-        assert_close_to_reference(g, r, b, dtype, name)
+    assert_output_and_grads_close(
+        out, got, (q, k, v, bias), dout,
+        lambda q, k, v, bias: reference_attention(q, k, v, bias=bias, causal=causal, keep=keep,
+                                                  keep_scale=keep_scale),
+        dtype, ["dq", "dk", "dv", "dbias"])
 
 
 def test_keep_rate_is_binomial(device):

@@ -3,7 +3,6 @@
 # fp32/fp16/bf16, causal both ways, float and bool masks, GQA and odd lengths; plus the API's
 # edge semantics and its error messages.
 import math
-import zlib
 
 import pytest
 
@@ -11,7 +10,9 @@ torch = pytest.importorskip("torch")
 import memeff.torch as mt  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from attention_helpers import additive, assert_close_to_reference, causal_keep  # noqa: E402
+from attention_helpers import (additive, assert_close_to_reference,  # noqa: E402
+                               assert_output_and_grads_close, causal_keep, randn_leaves,
+                               reference_attention, seeded_generator)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -68,43 +69,25 @@ def torch_math(q, k, v, mask, causal, enable_gqa):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}_H{}x{}_L{}x{}_D{}x{}_{}_{}".format(*c))
 def test_matches_torch_math(device, dtype, case):
     B, Hq, Hkv, Lq, Lk, D, Dv, causal, mask_kind = case
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-    q = torch.randn(B, Hq, Lq, D, generator=gen).to(device, dtype).requires_grad_()
-    k = torch.randn(B, Hkv, Lk, D, generator=gen).to(device, dtype).requires_grad_()
-    v = torch.randn(B, Hkv, Lk, Dv, generator=gen).to(device, dtype).requires_grad_()
+    gen = seeded_generator(case)
+    q, k, v = randn_leaves(gen, device, dtype, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv))
     mask = make_mask(mask_kind, B, Hq, Lq, Lk, dtype, device, gen)
     dout = torch.randn(B, Hq, Lq, Dv, generator=gen).to(device, dtype)
     gqa = Hq != Hkv
 
-    def grads_of(out, inputs):
-        wanted = [t for t in inputs if t is not None and t.requires_grad]
-        return torch.autograd.grad(out, wanted, dout.to(out.dtype))
-
     causal_kw = None if causal == "none" else causal
     out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, causal=causal_kw,
                                           enable_gqa=gqa)
-    got = grads_of(out, [q, k, v, mask])
+    wanted = [t for t in (q, k, v, mask) if t is not None and t.requires_grad]
+    got = torch.autograd.grad(out, wanted, dout)
 
-    # The reference: the same inputs in fp64 through torch's math backend.
-    ref_inputs = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None
-                  for t in (q, k, v, mask)]
-    ref_mask = ref_inputs[3] if mask is None or mask.dtype != torch.bool else mask
-    ref = torch_math(*ref_inputs[:3], ref_mask, causal, gqa)
-    ref_grads = grads_of(ref, ref_inputs)
-
-    # The baseline: torch's math backend in the test dtype.
-    base_inputs = [t.detach().requires_grad_(t.requires_grad) if t is not None else None
-                   for t in (q, k, v, mask)]
-    base = torch_math(*base_inputs[:3], base_inputs[3], causal, gqa)
-    base_grads = grads_of(base, base_inputs)
-
+    # The reference: torch's math backend on the inputs in fp64 (a boolean mask as it is); the
+    # tolerance from the same backend in the test dtype.
     assert out.dtype == dtype and out.shape == (B, Hq, Lq, Dv)
-    assert_close_to_reference(out, ref, base, dtype, "out")
-    names = [n for n, t in zip(["dq", "dk", "dv", "dmask"], [q, k, v, mask])
-             if t is not None and t.requires_grad]
-    for name, g, r, b in zip(names, got, ref_grads, base_grads):
-        assert g.shape == r.shape, f"{name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
-        assert_close_to_reference(g, r, b, dtype, name)
+    assert_output_and_grads_close(
+        out, got, (q, k, v, mask), dout,
+        lambda q, k, v, mask: torch_math(q, k, v, mask, causal, gqa), dtype,
+        ["dq", "dk", "dv", "dmask"])
 
 
 def test_is_causal_is_top_left_and_three_dim_inputs(device):
@@ -182,6 +165,25 @@ def test_core_errors_arrive_with_their_message(device):
     with pytest.raises(NotImplementedError, match="no_such_backend"):
         with mt.use_backends("no_such_backend"):
             mt.scaled_dot_product_attention(q, q, q)
+
+
+def test_causal_modes_have_one_spelling(device):
+    # The op takes memeff's names of the modes (the C++ API's), and the Python check lists the
+    # same ones; Lq != Lk, so top_left and bottom_right differ.
+    assert torch.ops.memeff.causal_modes() == ["none", "top_left", "bottom_right"]
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen).to(device) for n in (8, 12, 12))
+    for mode in ("none", "top_left", "bottom_right"):
+        out, _, _ = torch.ops.memeff.fwd(q, k, v, None, None, 0.0, mode, None, [])
+        ref = reference_attention(q.double(), k.double(), v.double(), causal=mode)
+        assert_close_to_reference(out, ref, reference_attention(q, k, v, causal=mode),
+                                  torch.float32, f"causal={mode}")
+    with pytest.raises(ValueError, match=r'argument `causal`: expected "none", "top_left" or '
+                                         r'"bottom_right", got "bottom-right"'):
+        torch.ops.memeff.fwd(q, k, v, None, None, 0.0, "bottom-right", None, [])
+    with pytest.raises(ValueError, match=r"argument `causal`: expected None, True, False or one "
+                                         r"of \('none', 'top_left', 'bottom_right'\)"):
+        mt.scaled_dot_product_attention(q, k, v, causal="diagonal")
 
 
 def test_introspection():

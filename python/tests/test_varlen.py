@@ -18,10 +18,12 @@ import pytest
 torch = pytest.importorskip("torch")
 import memeff.torch as mt  # noqa: E402
 
-from attention_helpers import (assert_close_to_reference, causal_keep,  # noqa: E402
-                               reference_attention)
+from attention_helpers import (assert_close_to_reference,  # noqa: E402
+                               assert_output_and_grads_close, capture_graph, causal_keep,
+                               check_replays, reference_attention)
 
 CAUSAL_MODES = ["none", "top_left", "bottom_right"]
+QKV = ("dq", "dk", "dv")  # the gradients' names, for assert_output_and_grads_close
 
 
 def dtype_for(device):
@@ -213,17 +215,9 @@ def test_half_precision_against_the_fp64_reference(device, dtype):
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(device, dtype)
     out = mt.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal="bottom_right")
     got = grads(out, (q, k, v), dout)
-
-    def with_grads(convert):
-        inputs = [convert(t).requires_grad_() for t in (q, k, v)]
-        o = per_sequence_reference(*inputs, lens, lens, "bottom_right")
-        return o, grads(o, inputs, convert(dout))
-
-    ref, ref_grads = with_grads(lambda t: t.detach().double())
-    base, base_grads = with_grads(lambda t: t.detach())
-    assert_close_to_reference(out, ref, base, dtype, "out")
-    for name, g, r, b in zip(("dq", "dk", "dv"), got, ref_grads, base_grads):
-        assert_close_to_reference(g, r, b, dtype, name)
+    assert_output_and_grads_close(
+        out, got, (q, k, v), dout,
+        lambda q, k, v: per_sequence_reference(q, k, v, lens, lens, "bottom_right"), dtype, QKV)
 
 
 def test_outputs_and_gradients_take_the_inputs_layout(device):
@@ -506,17 +500,10 @@ def test_cuda_against_the_fp64_reference_with_its_mask(backend, D, causal, p):
     if p > 0:
         keep = mt.dropout_mask((len(lens_q), Hq, max(lens_q), max(lens_k)), p, state)
     keep_scale = mt.dropout_threshold(p).keep_scale
-
-    def with_grads(convert):
-        inputs = [convert(t).requires_grad_() for t in (q, k, v)]
-        o = per_sequence_reference(*inputs, lens_q, lens_k, causal, keep, keep_scale)
-        return o, grads(o, inputs, convert(dout))
-
-    ref, ref_grads = with_grads(lambda t: t.detach().double())
-    base, base_grads = with_grads(lambda t: t.detach())
-    assert_close_to_reference(out, ref, base, dtype, "out")
-    for name, g, r, b in zip(("dq", "dk", "dv"), got, ref_grads, base_grads):
-        assert_close_to_reference(g, r, b, dtype, name)
+    assert_output_and_grads_close(
+        out, got, (q, k, v), dout,
+        lambda q, k, v: per_sequence_reference(q, k, v, lens_q, lens_k, causal, keep, keep_scale),
+        dtype, QKV)
 
 
 def torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal):
@@ -613,40 +600,19 @@ def test_cuda_graph_replays_draw_fresh_masks(backend):
                                              check_offsets=True)
             return (out, state) + grads(out, (q, k, v), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
-
+    graph, static = capture_graph(step)
     keep_scale = mt.dropout_threshold(p).keep_scale
-    states, masks = [], []
-    for replay in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        out, state, dq, dk, dv = (t.clone() for t in static)
-        keep = mt.dropout_mask((len(lens), Hq, max(lens), max(lens)), p, state)
 
-        def with_grads(convert):
-            inputs = [convert(t).requires_grad_() for t in (q, k, v)]
-            o = per_sequence_reference(*inputs, lens, lens, "top_left", keep, keep_scale)
-            return o, grads(o, inputs, convert(dout))
+    def check(what, out, grads, keep):
+        assert_output_and_grads_close(
+            out, grads, (q, k, v), dout,
+            lambda q, k, v: per_sequence_reference(q, k, v, lens, lens, "top_left", keep,
+                                                   keep_scale),
+            dtype, QKV, what)
 
-        ref, ref_grads = with_grads(lambda t: t.detach().double())
-        base, base_grads = with_grads(lambda t: t.detach())
-        assert_close_to_reference(out, ref, base, dtype, f"replay {replay} out")
-        for name, g, r, b in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_grads, base_grads):
-            assert_close_to_reference(g, r, b, dtype, f"replay {replay} {name}")
-        states.append(state.cpu())
-        masks.append(keep)
-    for a in range(3):
-        for b in range(a + 1, 3):
-            assert not torch.equal(states[a], states[b]), "replays reused an rng state"
-            assert not torch.equal(masks[a], masks[b]), "replays reused a mask"
+    check_replays(graph, static,
+                  lambda state: mt.dropout_mask((len(lens), Hq, max(lens), max(lens)), p, state),
+                  check)
 
 
 @needs_cuda

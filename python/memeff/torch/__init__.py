@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 _ops = torch.ops.memeff
-_CAUSAL_MODES = ("none", "top_left", "bottom_right")
+_CAUSAL_MODES = tuple(_ops.causal_modes())  # ("none", "top_left", "bottom_right")
 
 # Backend allow-list (in priority order) for calls made inside `use_backends`; () lets memeff's
 # dispatcher choose. A plain module global so torch.compile can read (and guard on) it.
