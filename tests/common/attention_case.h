@@ -1,6 +1,6 @@
 // One attention call's tensors for CPU-side tests: a Config (shapes, mask, bias pattern,
-// dropout, dtype, layout), fresh random inputs, poisoned outputs, and runs on a named backend;
-// plus the one comparison every backend test uses.
+// dropout, dtype, layout), fresh random inputs, poisoned outputs, and runs on a named backend.
+// The comparison every backend test uses, expect_close, is in common/tolerance.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,11 +11,21 @@
 #include <string>
 #include <vector>
 
+#include "common/call_helpers.h"
 #include "common/host_tensor.h"
 #include "common/tolerance.h"
 #include "memeff/attention.h"
 
 namespace memeff::test {
+
+// The shape of a bias of pattern "bhqk" ('1' where it broadcasts) over [B, Hq, Lq, Lk].
+inline std::vector<std::int64_t> bias_shape(const std::string& pattern, std::int64_t B,
+                                            std::int64_t Hq, std::int64_t Lq, std::int64_t Lk) {
+  const std::int64_t full[4] = {B, Hq, Lq, Lk};
+  std::vector<std::int64_t> shape(4);
+  for (int d = 0; d < 4; ++d) shape[d] = pattern[d] == '1' ? 1 : full[d];
+  return shape;
+}
 
 struct Config {
   std::int64_t B = 1, Hq = 2, Hkv = 2, Lq = 17, Lk = 17, D = 40, Dv = -1;  // Dv -1: = D
@@ -59,9 +69,7 @@ struct Case {
     test::fill_normal(v, rng);
     test::fill_normal(dout, rng);
     if (c.bias != "none") {
-      const std::int64_t full[4] = {c.B, c.Hq, c.Lq, c.Lk};
-      std::vector<std::int64_t> shape(4);
-      for (int d = 0; d < 4; ++d) shape[d] = c.bias[d] == '1' ? 1 : full[d];
+      const std::vector<std::int64_t> shape = bias_shape(c.bias, c.B, c.Hq, c.Lq, c.Lk);
       bias.emplace(c.dtype, shape);
       dbias.emplace(c.dtype, shape);
       test::fill_normal(*bias, rng);
@@ -81,17 +89,17 @@ struct Case {
     a.rng = {cfg.seed, cfg.offset};
     return a;
   }
-  CallInfo run_forward(const std::string& backend) {
-    Options o;
-    o.backends = {backend};
-    return forward(args(), out.view, lse.view, o);
-  }
-  CallInfo run_backward(const std::string& backend) {
-    Options o;
-    o.backends = {backend};
+  // The backward's tensors: dout, this case's out and lse, and the gradients.
+  BackwardTensors grads() const {
     BackwardTensors g{dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
     if (dbias) g.dbias = dbias->view;
-    return backward(args(), g, o);
+    return g;
+  }
+  CallInfo run_forward(const std::string& backend) {
+    return forward(args(), out.view, lse.view, only({backend}));
+  }
+  CallInfo run_backward(const std::string& backend) {
+    return backward(args(), grads(), only({backend}));
   }
   // Σ out ∘ dout after a forward on `backend`: the scalar whose gradient backward computes.
   double loss(const std::string& backend) {
@@ -101,15 +109,5 @@ struct Case {
     return s;
   }
 };
-
-// max |a - e| <= atol + rtol·max|e|, and no NaN or misplaced infinity.
-inline void expect_close(const HostTensor& actual, const HostTensor& expected,
-                         const test::Tolerance& tol, const std::string& what) {
-  const test::Diff d = test::compare(actual, expected);
-  EXPECT_FALSE(d.nan) << what << ": NaN or non-finite mismatch at " << d.where(actual);
-  EXPECT_LE(d.max_abs, tol.bound(d.max_ref))
-      << what << ": max |diff| " << d.max_abs << " at " << d.where(actual) << " (max |ref| "
-      << d.max_ref << ")";
-}
 
 }  // namespace memeff::test

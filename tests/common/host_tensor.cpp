@@ -76,8 +76,15 @@ HostTensor converted(const HostTensor& t, DType dtype, Layout layout) {
   return d;
 }
 
-void poison(HostTensor& t) {
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, std::numeric_limits<double>::quiet_NaN());
+void poison(HostTensor& t) { fill_value(t, std::numeric_limits<double>::quiet_NaN()); }
+
+void fill_value(HostTensor& t, double value) {
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+}
+
+void fill_identity(HostTensor& t) {
+  const std::int64_t rows = t.view.shape[t.view.rank - 2], cols = t.view.shape[t.view.rank - 1];
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, (i / cols) % rows == i % cols ? 1.0 : 0.0);
 }
 
 Diff compare(const HostTensor& actual, const HostTensor& expected) {

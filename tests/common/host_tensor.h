@@ -36,6 +36,11 @@ void fill_normal(HostTensor& t, std::mt19937_64& rng, double stddev = 1.0);
 HostTensor converted(const HostTensor& t, DType dtype, Layout layout = Layout::bhld);
 // Every element NaN (outputs are poisoned before each run so unwritten elements fail).
 void poison(HostTensor& t);
+// Every element `value`.
+void fill_value(HostTensor& t, double value);
+// The last two dimensions as identity matrices: element [..., i, e] is 1 where i == e, else 0
+// (V = I with Dv >= Lk makes out[i, j] the weight of key j in row i).
+void fill_identity(HostTensor& t);
 
 // Attention arguments over the views of q, k and v; the other fields keep their defaults.
 AttentionArgs attention_args(const HostTensor& q, const HostTensor& k, const HostTensor& v);

@@ -13,14 +13,15 @@
 #include <vector>
 
 #include "common/attention_case.h"
+#include "common/call_helpers.h"
 #include "common/host_tensor.h"
 #include "memeff/attention.h"
 
 namespace memeff::test {
 
 struct PackedConfig {
-  std::vector<std::int64_t> seqlens_q, seqlens_k;  // same count; k empty: as q
-  std::int64_t Hq = 2, Hkv = 2, D = 32, Dv = -1;   // Dv -1: = D
+  std::vector<std::int64_t> seqlens_q = {}, seqlens_k = {};  // same count; k empty: as q
+  std::int64_t Hq = 2, Hkv = 2, D = 32, Dv = -1;             // Dv -1: = D
   CausalMode causal = CausalMode::none;
   double dropout = 0.0;
   DType dtype = DType::f32;
@@ -47,6 +48,22 @@ inline std::vector<std::int32_t> cumulative(const std::vector<std::int64_t>& len
   for (std::size_t s = 0; s < lens.size(); ++s)
     cu[s + 1] = cu[s] + static_cast<std::int32_t>(lens[s]);
   return cu;
+}
+
+// AttentionArgs::packed over host offsets (which must outlive it).
+inline PackedSequences packed_sequences(const std::vector<std::int32_t>& cu_q,
+                                        const std::vector<std::int32_t>& cu_k, std::int64_t max_q,
+                                        std::int64_t max_k) {
+  auto offsets = [](const std::vector<std::int32_t>& cu) {
+    return TensorView::contiguous(const_cast<std::int32_t*>(cu.data()), DType::i32,
+                                  {static_cast<std::int64_t>(cu.size())});
+  };
+  PackedSequences p;
+  p.cu_seqlens_q = offsets(cu_q);
+  p.cu_seqlens_k = offsets(cu_k);
+  p.max_seqlen_q = max_q;
+  p.max_seqlen_k = max_k;
+  return p;
 }
 
 struct PackedCase {
@@ -81,16 +98,7 @@ struct PackedCase {
     for (HostTensor* t : {&out, &lse, &dq, &dk, &dv}) poison(*t);
   }
 
-  PackedSequences packed() const {
-    PackedSequences p;
-    p.cu_seqlens_q = TensorView::contiguous(const_cast<std::int32_t*>(cu_q.data()), DType::i32,
-                                            {static_cast<std::int64_t>(cu_q.size())});
-    p.cu_seqlens_k = TensorView::contiguous(const_cast<std::int32_t*>(cu_k.data()), DType::i32,
-                                            {static_cast<std::int64_t>(cu_k.size())});
-    p.max_seqlen_q = max_q;
-    p.max_seqlen_k = max_k;
-    return p;
-  }
+  PackedSequences packed() const { return packed_sequences(cu_q, cu_k, max_q, max_k); }
   AttentionArgs args() const {
     AttentionArgs a = attention_args(q, k, v);
     a.causal = cfg.causal;
@@ -100,14 +108,12 @@ struct PackedCase {
     return a;
   }
   CallInfo run_forward(const std::string& backend) {
-    Options o;
-    o.backends = {backend};
-    return forward(args(), out.view, lse.view, o);
+    return forward(args(), out.view, lse.view, only({backend}));
   }
   CallInfo run_backward(const std::string& backend) {
-    Options o;
-    o.backends = {backend};
-    return backward(args(), {dout.view, out.view, lse.view, dq.view, dk.view, dv.view}, o);
+    return backward(args(),
+                    {dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt},
+                    only({backend}));
   }
 
   // The padded batch: B = S, Lq = max_q, Lk = max_k, [B, H, L, D]; rows past a sequence's
@@ -152,22 +158,25 @@ struct PackedCase {
   // Rows [row0, row0 + rows) of a packed [T, H, X] tensor into batch b of a padded [B, H, L, X].
   static void copy_rows(const HostTensor& packed, std::int64_t row0, std::int64_t rows,
                         HostTensor& dense, std::int64_t b) {
-    const std::int64_t H = packed.view.shape[1], X = packed.view.shape[2];
-    const std::int64_t L = dense.view.shape[2];
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t x = 0; x < X; ++x)
-          dense.set(((b * H + h) * L + r) * X + x, packed.get(((row0 + r) * H + h) * X + x));
+    for_each_row_element(packed, row0, rows, dense, b,
+                         [&](std::int64_t p, std::int64_t d) { dense.set(d, packed.get(p)); });
   }
   // The inverse: batch b's first `rows` rows of a padded tensor into packed rows from row0.
   static void gather_rows(const HostTensor& dense, std::int64_t b, std::int64_t rows,
                           HostTensor& packed, std::int64_t row0) {
+    for_each_row_element(packed, row0, rows, dense, b,
+                         [&](std::int64_t p, std::int64_t d) { packed.set(p, dense.get(d)); });
+  }
+  // f(packed index, padded index) for every element of those rows.
+  template <typename F>
+  static void for_each_row_element(const HostTensor& packed, std::int64_t row0, std::int64_t rows,
+                                   const HostTensor& dense, std::int64_t b, F&& f) {
     const std::int64_t H = packed.view.shape[1], X = packed.view.shape[2];
     const std::int64_t L = dense.view.shape[2];
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t x = 0; x < X; ++x)
-          packed.set(((row0 + r) * H + h) * X + x, dense.get(((b * H + h) * L + r) * X + x));
+          f(((row0 + r) * H + h) * X + x, ((b * H + h) * L + r) * X + x);
   }
 };
 

@@ -1,11 +1,16 @@
-// Per-dtype tolerances for comparing a backend against the reference, in one place. A
-// comparison passes when max |actual - expected| <= atol + rtol · max |expected|: the error
+// Per-dtype tolerances for comparing a backend against the reference, in one place, and the
+// comparison that applies them: max |actual - expected| <= atol + rtol · max |expected|, the error
 // budget of one rounding of the output plus accumulation over the reduction length.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
+#include "common/host_tensor.h"
 #include "memeff/tensor.h"
 
 namespace memeff::test {
@@ -42,6 +47,24 @@ inline Tolerance forward_tolerance(DType dtype, std::int64_t reduction) {
 inline Tolerance backward_tolerance(DType dtype, std::int64_t reduction) {
   const Tolerance f = forward_tolerance(dtype, reduction);
   return {2.0 * f.atol, 2.0 * f.rtol};
+}
+
+// The bar the gpu tests hold a fused CUDA kernel's out and gradients to against the
+// double-precision reference on the same rounded inputs: one rounding of dS and of the output
+// plus fp32 accumulation, relative to max |ref|.
+inline Tolerance fused_kernel_tolerance(DType dtype) {
+  return {1e-5, dtype == DType::bf16 ? 2e-2 : 5e-3};
+}
+
+// max |a - e| <= atol + rtol·max|e|, and no NaN or misplaced infinity; `what` names the tensor
+// (and the case, where no SCOPED_TRACE does), the message the worst element.
+inline void expect_close(const HostTensor& actual, const HostTensor& expected, const Tolerance& tol,
+                         const std::string& what) {
+  const Diff d = compare(actual, expected);
+  EXPECT_FALSE(d.nan) << what << ": NaN or non-finite mismatch at " << d.where(actual);
+  EXPECT_LE(d.max_abs, tol.bound(d.max_ref))
+      << what << ": max |diff| " << d.max_abs << " at " << d.where(actual) << " (max |ref| "
+      << d.max_ref << ")";
 }
 
 }  // namespace memeff::test

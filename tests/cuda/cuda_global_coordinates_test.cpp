@@ -31,6 +31,7 @@ using test::Case;
 using test::Config;
 using test::DeviceTensor;
 using test::HostTensor;
+using test::only;
 
 struct Starts {
   std::int64_t q_start = 0, k_start = 0;
@@ -46,12 +47,6 @@ AttentionArgs at(AttentionArgs a, const Starts& s) {
   a.k_start = s.k_start;
   a.kv_block = s.kv_block;
   return a;
-}
-
-Options only(const std::string& backend) {
-  Options o;
-  o.backends = {backend};
-  return o;
 }
 
 // The device copies of a case's tensors.
@@ -78,19 +73,15 @@ struct DeviceCase : test::DeviceTensors {
   }
 };
 
-class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
+class CudaGlobalCoordinates : public test::PerBackend {
  protected:
-  void SetUp() override {
-    const std::string missing = test::gpu_backend_missing(GetParam());
-    if (!missing.empty()) GTEST_SKIP() << missing;
-  }
-  bool fused() const { return std::string(GetParam()) != "cuda_math"; }
+  bool fused() const { return GetParam() != "cuda_math"; }
 
   // Forward and backward of one block call on the backend against the reference in double on
   // the same rounded inputs. The backward takes the block's own out and lse, or with kv_block a
   // larger attention's (here: out · 0.75 and lse + 0.3, what a block of half the row's mass has).
   void check(const Config& cfg, const Starts& s) {
-    SCOPED_TRACE(std::string(GetParam()) + " " + cfg.describe() + " " + s.describe());
+    SCOPED_TRACE(GetParam() + " " + cfg.describe() + " " + s.describe());
     Case c(cfg, 31);
     Config c64 = cfg;
     c64.dtype = DType::f64;
@@ -101,7 +92,7 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
     r.dout = test::converted(c.dout, DType::f64);
     if (c.bias) r.bias = test::converted(*c.bias, DType::f64);
     const AttentionArgs ra = at(r.args(), s);
-    forward(ra, r.out.view, r.lse.view, only("reference"));
+    forward(ra, r.out.view, r.lse.view, only({"reference"}));
 
     HostTensor out_b = test::converted(r.out, cfg.dtype), lse_b = r.lse;
     if (s.kv_block) {
@@ -114,18 +105,18 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
     BackwardTensors rg{r.dout.view, out_b64.view, lse_b.view,  r.dq.view,
                        r.dk.view,   r.dv.view,    std::nullopt};
     if (r.dbias) rg.dbias = r.dbias->view;
-    backward(ra, rg, only("reference"));
+    backward(ra, rg, only({"reference"}));
 
     DeviceCase dev(c);
     const AttentionArgs a = dev.args(c, s);
-    EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only(GetParam())).backend, GetParam());
+    EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only({GetParam()})).backend, GetParam());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     test::expect_near_reference(dev.out.to_host(c.out), r.out, cfg.dtype, "out");
     test::expect_lse_near_reference(dev.lse.to_host(c.lse), r.lse);
 
     dev.out.upload(out_b);
     dev.lse.upload(lse_b);
-    EXPECT_EQ(backward(a, dev.grads(), only(GetParam())).backend, GetParam());
+    EXPECT_EQ(backward(a, dev.grads(), only({GetParam()})).backend, GetParam());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     test::expect_near_reference(dev.dq.to_host(c.dq), r.dq, cfg.dtype, "dq");
     test::expect_near_reference(dev.dk.to_host(c.dk), r.dk, cfg.dtype, "dk");
@@ -141,13 +132,7 @@ class CudaGlobalCoordinates : public ::testing::TestWithParam<const char*> {
 // dv[j, i]: the forward's and the backward's orientation of the mask, compared element by element
 // with the map at (b, h, q_start + i, k_start + j).
 TEST_P(CudaGlobalCoordinates, MaskIsTheMapsAtTheGlobalRowsAndKeys) {
-  Config cfg;
-  cfg.B = 2;
-  cfg.Hq = cfg.Hkv = 2;
-  cfg.Lq = cfg.Lk = 128;
-  cfg.D = 128;
-  cfg.dtype = DType::bf16;
-  cfg.dropout = 0.5;
+  Config cfg{.B = 2, .Lq = 128, .Lk = 128, .D = 128, .dropout = 0.5, .dtype = DType::bf16};
   const std::int64_t n = 128;
   const std::vector<Starts> starts = {
       {0, 0, false},
@@ -156,19 +141,16 @@ TEST_P(CudaGlobalCoordinates, MaskIsTheMapsAtTheGlobalRowsAndKeys) {
       {(std::int64_t{1} << 32) - n, (std::int64_t{1} << 36) - n, false}};
   for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
     for (const Starts& s : starts) {
-      SCOPED_TRACE(std::string(GetParam()) + " " + causal_mode_name(causal) + " " + s.describe());
+      SCOPED_TRACE(GetParam() + " " + causal_mode_name(causal) + " " + s.describe());
       cfg.causal = causal;
       Case c(cfg, 3);
-      for (std::int64_t i = 0; i < c.q.numel(); ++i) c.q.set(i, 0.0);
-      for (HostTensor* eye : {&c.v, &c.dout}) {
-        for (std::int64_t bh = 0; bh < cfg.B * cfg.Hq; ++bh)
-          for (std::int64_t i = 0; i < n; ++i)
-            for (std::int64_t e = 0; e < n; ++e) eye->set((bh * n + i) * n + e, i == e ? 1.0 : 0.0);
-      }
+      test::fill_value(c.q, 0.0);
+      test::fill_identity(c.v);
+      test::fill_identity(c.dout);
       DeviceCase dev(c);
       const AttentionArgs a = dev.args(c, s);
-      EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only(GetParam())).backend, GetParam());
-      EXPECT_EQ(backward(a, dev.grads(), only(GetParam())).backend, GetParam());
+      EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only({GetParam()})).backend, GetParam());
+      EXPECT_EQ(backward(a, dev.grads(), only({GetParam()})).backend, GetParam());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const HostTensor out = dev.out.to_host(c.out), dv = dev.dv.to_host(c.dv);
       const std::int64_t shift = s.q_start - s.k_start;
@@ -208,12 +190,7 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
       {64, 128, true},    // shift -64: the first rows see no key of the block
       {0, 256, false},    // shift -256: the whole block hidden under a causal mask
       {(std::int64_t{1} << 31) + 64, std::int64_t{1} << 33, false}};  // far rows and keys
-  Config cfg;
-  cfg.B = 2;
-  cfg.Hq = 4;
-  cfg.Hkv = 2;
-  cfg.Lq = 200;
-  cfg.Lk = 192;
+  Config cfg{.B = 2, .Hq = 4, .Hkv = 2, .Lq = 200, .Lk = 192};
   for (const auto& [D, dtype] : {std::pair{64, DType::bf16}, std::pair{128, DType::f16}}) {
     cfg.D = D;
     cfg.dtype = dtype;
@@ -242,14 +219,8 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
 // (the shift is all they need) and refuse them with it, naming the constraint; cuda_math draws
 // the map element by element and takes them.
 TEST_P(CudaGlobalCoordinates, KeyStartsOffTheDropoutBlocks) {
-  Config cfg;
-  cfg.Hq = 2;
-  cfg.Hkv = 1;
-  cfg.Lq = 100;
-  cfg.Lk = 150;
-  cfg.D = 64;
+  Config cfg{.Hkv = 1, .Lq = 100, .Lk = 150, .D = 64, .causal = CausalMode::top_left};
   cfg.dtype = DType::bf16;
-  cfg.causal = CausalMode::top_left;
   const Starts s{170, 37, true};
   check(cfg, s);  // no dropout: every backend
   cfg.dropout = 0.3;
@@ -259,7 +230,7 @@ TEST_P(CudaGlobalCoordinates, KeyStartsOffTheDropoutBlocks) {
   }
   Case c(cfg, 2);
   DeviceCase dev(c);
-  const Explanation ex = explain(dev.args(c, s), Pass::forward, only(GetParam()));
+  const Explanation ex = explain(dev.args(c, s), Pass::forward, only({GetParam()}));
   bool named = false;
   for (const auto& report : ex.backends) {
     if (report.name != GetParam()) continue;
@@ -271,8 +242,7 @@ TEST_P(CudaGlobalCoordinates, KeyStartsOffTheDropoutBlocks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaGlobalCoordinates,
-                         ::testing::Values("cuda", "cuda_sm90", "cuda_math"),
-                         [](const auto& info) { return std::string(info.param); });
+                         ::testing::Values("cuda", "cuda_sm90", "cuda_math"), test::backend_name);
 
 }  // namespace
 }  // namespace memeff

@@ -1,8 +1,8 @@
 // Dropout randomness under CUDA graphs: a captured draw + forward + backward replayed N times
 // gives N different masks, each replay equal to an eager run at the matching offset (forward
 // bitwise, backward to rounding), and seed/offset read from device memory equal the by-value path.
-// Each test runs with the forward on the mma.sync kernels (cuda) and on the Hopper kernels
-// (cuda_sm90, whose backward goes to cuda).
+// Each test runs its forward and backward on the mma.sync kernels (cuda) and on the Hopper
+// kernels (cuda_sm90).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -23,8 +23,6 @@ namespace memeff {
 namespace {
 
 using test::HostTensor;
-using test::cuda_check;
-using test::cuda_device_present;
 using Buffer = test::DeviceTensor;
 
 struct GraphCase {
@@ -61,12 +59,8 @@ double relative_diff(const HostTensor& a, const HostTensor& b) {
 }
 
 // Each test runs its backend's forward and backward (both fused backends have both passes).
-class CudaGraph : public ::testing::TestWithParam<std::string> {
+class CudaGraph : public test::PerBackend {
  protected:
-  void SetUp() override {
-    const std::string missing = test::gpu_backend_missing(GetParam());
-    if (!missing.empty()) GTEST_SKIP() << missing;
-  }
   std::vector<std::string> order() const { return {GetParam()}; }
 };
 
@@ -79,10 +73,7 @@ TEST_P(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
 
-  AttentionArgs args;
-  args.q = q.view;
-  args.k = k.view;
-  args.v = v.view;
+  AttentionArgs args = test::attention_args(q, k, v);
   args.dropout_p = 0.25;
   BackwardTensors grads{dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
   Options opt;
@@ -91,7 +82,9 @@ TEST_P(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
   // A caller-provided workspace keeps the captured graph free of allocations.
   const std::size_t ws_bytes = workspace_size(args, Pass::backward, opt);
   void* workspace = nullptr;
-  if (ws_bytes > 0) ASSERT_EQ(cudaMalloc(&workspace, ws_bytes), cudaSuccess);
+  if (ws_bytes > 0) {
+    ASSERT_EQ(cudaMalloc(&workspace, ws_bytes), cudaSuccess);
+  }
   opt.workspace = workspace;
   opt.workspace_bytes = ws_bytes;
 
@@ -162,10 +155,7 @@ TEST_P(CudaGraph, ReplaysDrawFreshMasksEachMatchingAnEagerRun) {
 TEST_P(CudaGraph, SeedAndOffsetFromDeviceMemoryEqualTheValues) {
   GraphCase pb;
   Buffer q(pb.q), k(pb.k), v(pb.v), out(pb.out), lse(pb.lse);
-  AttentionArgs args;
-  args.q = q.view;
-  args.k = k.view;
-  args.v = v.view;
+  AttentionArgs args = test::attention_args(q, k, v);
   args.dropout_p = 0.3;
   args.causal = CausalMode::bottom_right;
   Options opt;
@@ -202,9 +192,7 @@ TEST_P(CudaGraph, SeedAndOffsetFromDeviceMemoryEqualTheValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaGraph, ::testing::Values("cuda", "cuda_sm90"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+                         test::backend_name);
 
 }  // namespace
 }  // namespace memeff

@@ -73,10 +73,7 @@ void check_case(const Case& c, std::uint64_t seed) {
   HostTensor bias(c.bias_fp32 ? DType::f32 : c.dtype, bshape);
   test::fill_uniform(bias, rng);
 
-  AttentionArgs host_args;
-  host_args.q = q.view;
-  host_args.k = k.view;
-  host_args.v = v.view;
+  AttentionArgs host_args = test::attention_args(q, k, v);
   if (c.bias != BiasKind::none) host_args.bias = bias.view;
   host_args.causal = c.causal;
   host_args.dropout_p = c.dropout;
@@ -84,8 +81,7 @@ void check_case(const Case& c, std::uint64_t seed) {
 
   // Reference.
   HostTensor out_ref(c.dtype, {c.B, c.Hq, c.Lq, c.Dv}), lse_ref(DType::f32, {c.B, c.Hq, c.Lq});
-  Options ref_opts;
-  ref_opts.backends = {"reference"};
+  const Options ref_opts = test::only({"reference"});
   forward(host_args, out_ref.view, lse_ref.view, ref_opts);
   HostTensor dq_ref(c.dtype, {c.B, c.Hq, c.Lq, c.D}), dk_ref(c.dtype, {c.B, c.Hkv, c.Lk, c.D}),
       dv_ref(c.dtype, {c.B, c.Hkv, c.Lk, c.Dv}), dbias_ref(bias.view.dtype, bshape);
@@ -105,8 +101,7 @@ void check_case(const Case& c, std::uint64_t seed) {
   test::poison(out);
   test::poison(lse);
   DeviceCopy dout_t(out), dlse(lse);
-  Options opts;
-  opts.backends = {"cuda_math"};
+  const Options opts = test::only({"cuda_math"});
   const CallInfo info = forward(dev_args, dout_t.view, dlse.view, opts);
   EXPECT_EQ(info.backend, "cuda_math");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -207,13 +202,9 @@ TEST(CudaMath, AutotuneKeepsTheFastestEligibleBackend) {
     HostTensor q(DType::bf16, {8, 16, L, 64}), o(DType::bf16, {8, 16, L, 64}),
         l(DType::f32, {8, 16, L});
     DeviceCopy dq(q), dk(q), dv(q), dout(o), dl(l);
-    AttentionArgs a;
-    a.q = dq.view;
-    a.k = dk.view;
-    a.v = dv.view;
+    AttentionArgs a = test::attention_args(dq, dk, dv);
     a.dropout_p = 0.1;
-    Options opts;
-    opts.backends = {"cuda_math"};
+    const Options opts = test::only({"cuda_math"});
     for (int w = 0; w < 3; ++w) forward(a, dout.view, dl.view, opts);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto t0 = std::chrono::steady_clock::now();

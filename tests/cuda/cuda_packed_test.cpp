@@ -53,15 +53,13 @@ struct DevicePacked : test::DeviceTensors {
     return a;
   }
   CallInfo forward_on(const std::string& backend, const PackedCase& c) {
-    Options o;
-    o.backends = {backend};
-    return memeff::forward(args(c), out.view, lse.view, o);
+    return memeff::forward(args(c), out.view, lse.view, test::only({backend}));
   }
   CallInfo backward_on(const std::string& backend, const PackedCase& c, bool deterministic) {
-    Options o;
-    o.backends = {backend};
+    Options o = test::only({backend});
     o.deterministic = deterministic;
-    return memeff::backward(args(c), {dout.view, out.view, lse.view, dq.view, dk.view, dv.view}, o);
+    return memeff::backward(
+        args(c), {dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt}, o);
   }
 };
 
@@ -82,17 +80,11 @@ struct Reference {
   }
 };
 
-class CudaPacked : public ::testing::TestWithParam<const char*> {
+class CudaPacked : public test::PerBackend {
  protected:
-  void SetUp() override {
-    const std::string missing = test::gpu_backend_missing(GetParam());
-    if (!missing.empty()) GTEST_SKIP() << missing;
-  }
-
   // Forward (out, lse) and backward (dq, dk, dv) of the backend against the reference.
   void check(const PackedConfig& c, bool deterministic = false) {
-    SCOPED_TRACE(std::string(GetParam()) + " " + c.describe() +
-                 (deterministic ? " deterministic" : ""));
+    SCOPED_TRACE(GetParam() + " " + c.describe() + (deterministic ? " deterministic" : ""));
     PackedCase pc(c, 77);
     const Reference ref(pc);
     DevicePacked dev(pc);
@@ -111,11 +103,7 @@ class CudaPacked : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(CudaPacked, MixedLengthsEveryMaskWithDropout) {
-  PackedConfig c;
-  c.seqlens_q = {17, 1, 0, 300, 64, 65, 129};
-  c.Hq = 4;
-  c.Hkv = 2;
-  c.D = 64;
+  PackedConfig c{.seqlens_q = {17, 1, 0, 300, 64, 65, 129}, .Hq = 4, .Hkv = 2, .D = 64};
   c.dtype = DType::bf16;
   for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
     for (double p : {0.0, 0.2}) {
@@ -127,14 +115,10 @@ TEST_P(CudaPacked, MixedLengthsEveryMaskWithDropout) {
 }
 
 TEST_P(CudaPacked, KeysOfOtherLengthsHeadDim128Fp16) {
-  PackedConfig c;
-  c.seqlens_q = {5, 200, 3, 0, 127};
-  c.seqlens_k = {190, 66, 0, 4, 130};
-  c.Hq = 2;
-  c.Hkv = 1;
+  PackedConfig c{.seqlens_q = {5, 200, 3, 0, 127}, .seqlens_k = {190, 66, 0, 4, 130}, .Hkv = 1};
   c.D = 128;
-  c.dtype = DType::f16;
   c.dropout = 0.1;
+  c.dtype = DType::f16;
   for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
     c.causal = m;
     check(c);
@@ -142,14 +126,9 @@ TEST_P(CudaPacked, KeysOfOtherLengthsHeadDim128Fp16) {
 }
 
 TEST_P(CudaPacked, DeterministicBackwardIsRepeatableAndCorrect) {
-  PackedConfig c;
-  c.seqlens_q = {700, 33, 260};
-  c.Hq = 4;
-  c.Hkv = 1;
-  c.D = 64;
-  c.dtype = DType::bf16;
+  PackedConfig c{.seqlens_q = {700, 33, 260}, .Hq = 4, .Hkv = 1, .D = 64, .dropout = 0.1};
   c.causal = CausalMode::top_left;
-  c.dropout = 0.1;
+  c.dtype = DType::bf16;
   check(c, /*deterministic=*/true);
   PackedCase pc(c, 5);
   DevicePacked dev(pc);
@@ -165,14 +144,10 @@ TEST_P(CudaPacked, DeterministicBackwardIsRepeatableAndCorrect) {
 // tiles see the same numbers in the same order and the same mask (b = s), so the forward is
 // bit for bit equal, and so is the deterministic backward.
 TEST_P(CudaPacked, EqualLengthsEqualTheDenseBatchBitForBit) {
-  PackedConfig c;
-  c.seqlens_q = {192, 192, 192};
-  c.Hq = 4;
-  c.Hkv = 2;
-  c.D = 64;
-  c.dtype = DType::bf16;
+  PackedConfig c{.seqlens_q = {192, 192, 192}, .Hq = 4, .Hkv = 2, .D = 64};
   c.causal = CausalMode::bottom_right;
   c.dropout = 0.25;
+  c.dtype = DType::bf16;
   PackedCase pc(c, 9);
   DevicePacked dev(pc);
   dev.forward_on(GetParam(), pc);
@@ -194,14 +169,13 @@ TEST_P(CudaPacked, EqualLengthsEqualTheDenseBatchBitForBit) {
   a.causal = c.causal;
   a.dropout_p = c.dropout;
   a.rng = {c.seed, c.offset};
-  Options o;
-  o.backends = {GetParam()};
+  Options o = test::only({GetParam()});
   o.deterministic = true;
   forward(a, dense(o2, H), l2.view, o);
-  backward(
-      a,
-      {dense(dev.dout, H), dense(o2, H), l2.view, dense(dq2d, H), dense(dk2d, G), dense(dv2d, G)},
-      o);
+  backward(a,
+           {dense(dev.dout, H), dense(o2, H), l2.view, dense(dq2d, H), dense(dk2d, G),
+            dense(dv2d, G), std::nullopt},
+           o);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(dev.out.bytes_on_host(), o2.bytes_on_host()) << "out";
   EXPECT_EQ(dev.dq.bytes_on_host(), dq2d.bytes_on_host()) << "dq";
@@ -217,11 +191,7 @@ TEST_P(CudaPacked, EqualLengthsEqualTheDenseBatchBitForBit) {
 }
 
 TEST_P(CudaPacked, BadOffsetsOnTheDeviceAreNamed) {
-  PackedConfig c;
-  c.seqlens_q = {10, 20};
-  c.dtype = DType::bf16;
-  c.D = 64;
-  PackedCase pc(c, 2);
+  PackedCase pc({.seqlens_q = {10, 20}, .D = 64, .dtype = DType::bf16}, 2);
   DevicePacked dev(pc);
   const std::int32_t bad[3] = {0, 25, 30};  // decreasing lengths are fine; 25 > max_seqlen_q
   test::cuda_check(cudaMemcpy(dev.cu_q.data, bad, sizeof bad, cudaMemcpyHostToDevice), "copy");
@@ -241,7 +211,7 @@ TEST_P(CudaPacked, BadOffsetsOnTheDeviceAreNamed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaPacked, ::testing::Values("cuda", "cuda_sm90"),
-                         [](const auto& info) { return std::string(info.param); });
+                         test::backend_name);
 
 }  // namespace
 }  // namespace memeff

@@ -1,14 +1,17 @@
 // Device copies of test::HostTensor for the gpu-labelled tests: same storage bytes, same strides,
 // the view moved to cuda:0. CUDA failures throw, so a test fails loudly instead of reading junk.
+// Also the fixture of the tests that run once per backend, skipped where it cannot run.
 #pragma once
 
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/call_helpers.h"
 #include "common/host_tensor.h"
 
 namespace memeff::test {
@@ -28,7 +31,8 @@ inline bool cuda_device_is_sm90() {
 // Why a gpu test of `backend` cannot run on this machine; empty when it can.
 inline std::string gpu_backend_missing(const std::string& backend) {
   if (!cuda_device_present()) return "no CUDA device";
-  if (backend == "cuda_sm90" && !cuda_device_is_sm90()) return "cuda_sm90 needs compute capability 9.0";
+  if (backend == "cuda_sm90" && !cuda_device_is_sm90())
+    return "cuda_sm90 needs compute capability 9.0";
   return {};
 }
 
@@ -85,6 +89,26 @@ struct DeviceTensors {
         dq(c.dq),
         dk(c.dk),
         dv(c.dv) {}
+};
+
+// Attention arguments over device copies of q, k and v; the other fields keep their defaults.
+inline AttentionArgs attention_args(const DeviceTensor& q, const DeviceTensor& k,
+                                    const DeviceTensor& v) {
+  AttentionArgs a;
+  a.q = q.view;
+  a.k = k.view;
+  a.v = v.view;
+  return a;
+}
+
+// A gpu test run once per backend (the parameter; name instances with test::backend_name):
+// skipped, saying why, where that backend cannot run on this machine.
+class PerBackend : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string missing = gpu_backend_missing(GetParam());
+    if (!missing.empty()) GTEST_SKIP() << missing;
+  }
 };
 
 }  // namespace memeff::test

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fake_backend.h"
 #include "common/host_tensor.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
@@ -33,20 +34,18 @@ namespace fs = std::filesystem;
 using test::HostTensor;
 
 // Every pass takes `ms` milliseconds (a sleep); counts its calls.
-class TimedBackend final : public Backend {
+class TimedBackend final : public test::FakeBackend {
  public:
-  TimedBackend(std::string name, double ms) : name_(std::move(name)), ms_(ms) {}
-  std::string name() const override { return name_; }
+  TimedBackend(std::string name, double ms) : FakeBackend(std::move(name)), ms_(ms) {}
   DeviceType device_type() const override { return claimed_device; }
-  std::vector<std::string> reasons_unsupported(const Problem&, Pass) const override { return {}; }
-  void forward(const Problem&, const AttentionArgs&, const TensorView&, const TensorView&,
-               const Options&) override {
-    ++forward_calls;
+  void forward(const Problem& p, const AttentionArgs& a, const TensorView& out,
+               const TensorView& lse, const Options& o) override {
+    FakeBackend::forward(p, a, out, lse, o);
     wait();
   }
-  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
-                const Options&) override {
-    ++backward_calls;
+  void backward(const Problem& p, const AttentionArgs& a, const BackwardTensors& g,
+                const Options& o) override {
+    FakeBackend::backward(p, a, g, o);
     wait();
   }
   // With claimed_device cuda: own_timer stands for a device timer (a host clock here, as the fake
@@ -57,7 +56,6 @@ class TimedBackend final : public Backend {
     run();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  std::atomic<int> forward_calls{0}, backward_calls{0};
   DeviceType claimed_device = DeviceType::cpu;
   bool own_timer = false;
 
@@ -65,7 +63,6 @@ class TimedBackend final : public Backend {
   void wait() const {
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(ms_ * 1000)));
   }
-  std::string name_;
   double ms_;
 };
 
@@ -299,8 +296,7 @@ TEST_F(AutotuneTest, ConcurrentProcessesMergeTheirKeys) {
   }
   const auto doc = parse_json(read_text(cache()));
   ASSERT_FALSE(doc.is_discarded()) << read_text(cache());
-  EXPECT_EQ(doc.at("entries").size(),
-            static_cast<std::size_t>(kProcesses * kKeysEach));
+  EXPECT_EQ(doc.at("entries").size(), static_cast<std::size_t>(kProcesses * kKeysEach));
   autotune_reset_memory();
   std::size_t found = 0;
   for (const TuneEntry& e : autotune_entries()) {
@@ -378,7 +374,9 @@ TEST_F(AutotuneTest, CachePathFollowsTheEnvironment) {
 // is one more unusable file, not a crash.
 TEST_F(AutotuneTest, ADeeplyNestedCacheIsIgnoredWithoutCrashing) {
   constexpr std::size_t kDepth = 200000;
-  { std::ofstream(cache(), std::ios::trunc) << std::string(kDepth, '[') << std::string(kDepth, ']'); }
+  {
+    std::ofstream(cache(), std::ios::trunc) << std::string(kDepth, '[') << std::string(kDepth, ']');
+  }
   autotune_reset_memory();
   ::testing::internal::CaptureStderr();
   Call c(40);

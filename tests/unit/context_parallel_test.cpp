@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/attention_case.h"
+#include "common/call_helpers.h"
 #include "common/tolerance.h"
 #include "memeff/attention.h"
 #include "memeff/dropout.h"
@@ -39,12 +40,9 @@ using cp::Layout;
 using cp::Partition;
 using test::Case;
 using test::Config;
+using test::contains;
 using test::expect_close;
 using test::HostTensor;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(Partition, ZigzagGivesRankRChunksRAnd2NMinus1MinusR) {
   const Partition p(100, 3, Layout::zigzag);
@@ -92,19 +90,15 @@ TEST(Partition, ZigzagGivesRankRChunksRAnd2NMinus1MinusR) {
 }
 
 TEST(Partition, BadArgumentsAreNamed) {
-  auto message = [](auto make) {
-    try {
-      make();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_TRUE(contains(message([] { Partition(-1, 2, Layout::zigzag); }), "argument `length`"));
-  EXPECT_TRUE(contains(message([] { Partition(10, 0, Layout::zigzag); }), "argument `ranks`"));
-  EXPECT_TRUE(contains(message([] { Partition(10, 2, Layout::zigzag, 0); }), "argument `align`"));
+  using test::error_message;
   EXPECT_TRUE(
-      contains(message([] { Partition(10, 2, Layout::zigzag).chunks(2); }), "argument `rank`"));
+      contains(error_message([] { Partition(-1, 2, Layout::zigzag); }), "argument `length`"));
+  EXPECT_TRUE(
+      contains(error_message([] { Partition(10, 0, Layout::zigzag); }), "argument `ranks`"));
+  EXPECT_TRUE(
+      contains(error_message([] { Partition(10, 2, Layout::zigzag, 0); }), "argument `align`"));
+  EXPECT_TRUE(contains(error_message([] { Partition(10, 2, Layout::zigzag).chunks(2); }),
+                       "argument `rank`"));
 }
 
 // Over all ranks and steps, every visible (row, key) pair is computed exactly once; skipped
@@ -225,8 +219,7 @@ RingResult run_ring(const Case& whole, int n, Layout layout, const std::string& 
     args.local.rng = {cfg.seed, cfg.offset};
     args.q_partition = res.qp;
     args.k_partition = res.kp;
-    Options o;
-    o.backends = {backend};
+    const Options o = test::only({backend});
     std::vector<std::uint8_t> ws_f, ws_b;
     Options fo = o, bo = o;
     if (with_workspace) {
@@ -290,13 +283,7 @@ Tolerances cpu_tolerances(const Config& cfg) {
 // multiple of 2N, chunk starts off the 64-key dropout blocks), on the cpu backend.
 TEST(RingAttention, ShardedEqualsSingleDeviceOnTheCpuBackend) {
   for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
-    Config cfg;
-    cfg.Hq = 2;
-    cfg.Hkv = 2;
-    cfg.Lq = cfg.Lk = 150;
-    cfg.D = 24;
-    cfg.causal = causal;
-    cfg.dropout = 0.3;
+    const Config cfg{.Lq = 150, .Lk = 150, .D = 24, .causal = causal, .dropout = 0.3};
     Case whole(cfg, 11);
     whole.run_forward("cpu");
     whole.run_backward("cpu");
@@ -328,16 +315,9 @@ TEST(RingAttention, GqaBiasAndLayoutsOnTheCpuBackend) {
       {130, 130, CausalMode::top_left, "11qk", Layout::contiguous, 3},
   };
   for (const Variant& var : variants) {
-    Config cfg;
-    cfg.Hq = 4;
-    cfg.Hkv = 2;
-    cfg.Lq = var.Lq;
-    cfg.Lk = var.Lk;
-    cfg.D = 24;
-    cfg.Dv = 40;
+    Config cfg{.Hq = 4, .Hkv = 2, .Lq = var.Lq, .Lk = var.Lk, .D = 24, .Dv = 40, .dropout = 0.2};
     cfg.causal = var.causal;
     cfg.bias = var.bias;
-    cfg.dropout = 0.2;
     Case whole(cfg, 12);
     whole.run_forward("cpu");
     whole.run_backward("cpu");
@@ -352,15 +332,9 @@ TEST(RingAttention, GqaBiasAndLayoutsOnTheCpuBackend) {
 // The reference in fp64: the ring and the single-device run agree to the rounding of lse to fp32.
 TEST(RingAttention, ShardedEqualsSingleDeviceOnTheReferenceInFp64) {
   for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
-    Config cfg;
-    cfg.Hq = 4;
-    cfg.Hkv = 2;
-    cfg.Lq = cfg.Lk = 45;
-    cfg.D = 16;
-    cfg.Dv = 8;
+    Config cfg{.Hq = 4, .Hkv = 2, .Lq = 45, .Lk = 45, .D = 16, .Dv = 8, .bias = "1hqk"};
     cfg.causal = causal;
     cfg.dropout = 0.25;
-    cfg.bias = "1hqk";
     cfg.dtype = DType::f64;
     Case whole(cfg, 13);
     whole.run_forward("reference");
@@ -380,11 +354,7 @@ TEST(RingAttention, ShardedEqualsSingleDeviceOnTheReferenceInFp64) {
 // One rank holding the whole sequence in one chunk: the block call is the whole call, the merge
 // a copy and each accumulator receives one block: bit for bit (the reference is deterministic).
 TEST(RingAttention, OneRankWithOneChunkIsTheSingleDeviceRunBitForBit) {
-  Config cfg;
-  cfg.Lq = cfg.Lk = 70;
-  cfg.causal = CausalMode::top_left;
-  cfg.dropout = 0.3;
-  Case whole(cfg, 14);
+  Case whole({.Lq = 70, .Lk = 70, .causal = CausalMode::top_left, .dropout = 0.3}, 14);
   whole.run_forward("reference");
   whole.run_backward("reference");
   const RingResult res = run_ring(whole, 1, Layout::contiguous, "reference");
@@ -399,80 +369,77 @@ TEST(RingAttention, OneRankWithOneChunkIsTheSingleDeviceRunBitForBit) {
   }
 }
 
-// The mask of the sharded run, read off its outputs, is dropout_mask's single-device mask. With
-// q = 0 every visible score is equal, so P is uniform over the visible keys; with V the identity
-// (Dv = Lk) out[i, j] = P_ij·Z_ij: nonzero exactly where (i, j) is kept (forward orientation);
-// with dO the identity (Dv = Lq) dv[j, i] = P_ij·Z_ij (the backward's Sᵀ orientation).
-// N = 1..4 ranks, causal (zig-zag) and not (contiguous), on the cpu and reference backends.
-TEST(RingAttention, TheShardedMaskIsTheSingleDeviceMask) {
-  for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
-    for (const std::string backend : {"cpu", "reference"}) {
-      Config cfg;
-      cfg.Hq = cfg.Hkv = 2;
-      cfg.Lq = cfg.Lk = 96;
-      cfg.D = 8;
-      cfg.Dv = 96;
-      cfg.causal = causal;
-      cfg.dropout = 0.5;
-      cfg.seed = 1234;
-      cfg.offset = 77;
-      Case whole(cfg, 15);
-      for (std::int64_t i = 0; i < whole.q.numel(); ++i) whole.q.set(i, 0.0);
-      for (HostTensor* eye : {&whole.v, &whole.dout}) {
-        for (std::int64_t h = 0; h < cfg.Hq; ++h)
-          for (std::int64_t i = 0; i < 96; ++i)
-            for (std::int64_t e = 0; e < 96; ++e)
-              eye->set((h * 96 + i) * 96 + e, i == e ? 1.0 : 0.0);
-      }
-      for (int n = 1; n <= 4; ++n) {
-        const RingResult res = run_ring(whole, n, cp::default_layout(causal), backend);
-        std::int64_t checked = 0, kept = 0;
-        for (int r = 0; r < n; ++r) {
-          const RankTensors& t = res.ranks[r];
-          for (std::int64_t h = 0; h < cfg.Hq; ++h) {
-            for (const cp::Chunk& qc : res.qp.chunks(r)) {  // forward: out[i, j]
-              for (std::int64_t li = 0; li < qc.length; ++li) {
-                const std::int64_t i = qc.global_start + li, local_row = qc.local_start + li;
-                for (std::int64_t j = 0; j < 96; ++j) {
-                  if (causal == CausalMode::top_left && j > i) continue;
-                  const bool want =
-                      dropout_keep(cfg.seed, cfg.offset, cfg.dropout, cfg.Hq, 0, h, i, j);
-                  const bool got = t.out.get((h * t.out.view.shape[2] + local_row) * 96 + j) != 0.0;
-                  ASSERT_EQ(got, want) << backend << ", " << n << " ranks, forward, head " << h
-                                       << " row " << i << " key " << j;
-                  ++checked;
-                  kept += want;
-                }
-              }
-            }
-            for (const cp::Chunk& kc : res.kp.chunks(r)) {  // backward: dv[j, i] (Hkv = Hq)
-              for (std::int64_t lj = 0; lj < kc.length; ++lj) {
-                const std::int64_t j = kc.global_start + lj, local_key = kc.local_start + lj;
-                for (std::int64_t i = 0; i < 96; ++i) {
-                  if (causal == CausalMode::top_left && j > i) continue;
-                  const bool want =
-                      dropout_keep(cfg.seed, cfg.offset, cfg.dropout, cfg.Hq, 0, h, i, j);
-                  const bool got = t.dv.get((h * t.dv.view.shape[2] + local_key) * 96 + i) != 0.0;
-                  ASSERT_EQ(got, want) << backend << ", " << n << " ranks, backward, head " << h
-                                       << " row " << i << " key " << j;
-                }
-              }
-            }
-          }
+// How many elements a mask check saw, and how many of them the mask keeps.
+struct MaskCount {
+  std::int64_t checked = 0, kept = 0;
+};
+
+// One rank's tensor `t` [1, H, local rows, columns] read as a mask, against dropout_keep at the
+// global (i, j) of every element the causal mask shows: its rows are `part`'s rows of `rank`,
+// queries (forward: out[i, j]) or keys (backward: dv[j, i]); an element is nonzero exactly where
+// (i, j) is kept.
+void expect_mask(const HostTensor& t, const Partition& part, int rank, bool rows_are_queries,
+                 const Config& cfg, const std::string& what, MaskCount& count) {
+  const std::int64_t local_rows = t.view.shape[2], columns = t.view.shape[3];
+  for (std::int64_t h = 0; h < cfg.Hq; ++h) {
+    for (const cp::Chunk& c : part.chunks(rank)) {
+      for (std::int64_t l = 0; l < c.length; ++l) {
+        for (std::int64_t other = 0; other < columns; ++other) {
+          const std::int64_t i = rows_are_queries ? c.global_start + l : other;
+          const std::int64_t j = rows_are_queries ? other : c.global_start + l;
+          if (cfg.causal == CausalMode::top_left && j > i) continue;
+          const bool want = dropout_keep(cfg.seed, cfg.offset, cfg.dropout, cfg.Hq, 0, h, i, j);
+          const bool got = t.get((h * local_rows + c.local_start + l) * columns + other) != 0.0;
+          ASSERT_EQ(got, want) << what << (rows_are_queries ? ", forward" : ", backward")
+                               << ", head " << h << " row " << i << " key " << j;
+          ++count.checked;
+          count.kept += want;
         }
-        EXPECT_GT(checked, 5000);
-        EXPECT_GT(kept, checked / 3);  // p = 0.5: about half kept, so both outcomes were seen
-        EXPECT_LT(kept, 2 * checked / 3);
       }
     }
   }
 }
 
+class RingAttentionOnHost : public ::testing::TestWithParam<std::string> {};
+
+// The mask of the sharded run, read off its outputs, is dropout_mask's single-device mask. With
+// q = 0 every visible score is equal, so P is uniform over the visible keys; with V the identity
+// (Dv = Lk) out[i, j] = P_ij·Z_ij: nonzero exactly where (i, j) is kept (forward orientation);
+// with dO the identity (Dv = Lq) dv[j, i] = P_ij·Z_ij (the backward's Sᵀ orientation).
+// N = 1..4 ranks, causal (zig-zag) and not (contiguous), on each host backend.
+TEST_P(RingAttentionOnHost, TheShardedMaskIsTheSingleDeviceMask) {
+  const std::string backend = GetParam();
+  for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
+    Config cfg{.Lq = 96, .Lk = 96, .D = 8, .Dv = 96, .causal = causal, .dropout = 0.5};
+    cfg.seed = 1234;
+    cfg.offset = 77;
+    Case whole(cfg, 15);
+    test::fill_value(whole.q, 0.0);
+    test::fill_identity(whole.v);
+    test::fill_identity(whole.dout);
+    for (int n = 1; n <= 4; ++n) {
+      const RingResult res = run_ring(whole, n, cp::default_layout(causal), backend);
+      const std::string what = backend + ", " + std::to_string(n) + " ranks";
+      MaskCount forward, backward;  // the statistics below count the forward's elements
+      for (int r = 0; r < n; ++r) {
+        ASSERT_NO_FATAL_FAILURE(expect_mask(res.ranks[r].out, res.qp, r, true, cfg, what, forward));
+        ASSERT_NO_FATAL_FAILURE(
+            expect_mask(res.ranks[r].dv, res.kp, r, false, cfg, what, backward));  // Hkv = Hq
+      }
+      EXPECT_GT(forward.checked, 5000);
+      // p = 0.5: about half kept, so both outcomes were seen.
+      EXPECT_GT(forward.kept, forward.checked / 3);
+      EXPECT_LT(forward.kept, 2 * forward.checked / 3);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostBackends, RingAttentionOnHost, ::testing::Values("cpu", "reference"),
+                         test::backend_name);
+
 // A ring whose ranks disagree with their arguments says which argument is wrong.
 TEST(RingAttention, ArgumentErrorsNameTheArgument) {
-  Config cfg;
-  cfg.Lq = cfg.Lk = 40;
-  Case whole(cfg, 16);
+  Case whole({.Lq = 40, .Lk = 40}, 16);
   const Partition p(40, 2, Layout::zigzag);
   auto run_rank0 = [&](auto&& edit) {
     std::string message;
@@ -574,9 +541,7 @@ TEST(RingAttention, LocalRingMovesBuffersAroundTheRing) {
 }
 
 TEST(RingAttention, TooSmallAWorkspaceIsAnError) {
-  Config cfg;
-  cfg.Lq = cfg.Lk = 20;
-  Case whole(cfg, 17);
+  Case whole({.Lq = 20, .Lk = 20}, 17);
   cp::LocalRing ring(1);
   std::string message;
   ring.run([&](cp::Transport& t) {
@@ -601,12 +566,9 @@ TEST(RingAttention, TooSmallAWorkspaceIsAnError) {
 // arguments before touching a device (so this runs on CI's GPU-less machine either way).
 TEST(RingAttention, NcclEntryPointsCheckTheirArgumentsOrSayTheBuildHasNoNccl) {
   auto code_and_message = [](auto&& call) {
-    try {
-      call();
-    } catch (const Error& e) {
-      return std::pair{e.code(), std::string(e.what())};
-    }
-    return std::pair{ErrorCode::internal, std::string("no error")};
+    const test::Thrown thrown = test::thrown_by(call);
+    return thrown.error ? std::pair{thrown.code, thrown.message}
+                        : std::pair{ErrorCode::internal, std::string("no error")};
   };
   if (!cp::nccl_available()) {
     const auto [code, message] =

@@ -81,12 +81,6 @@ void check_against_reference(const Config& c, bool with_backward = true) {
   if (c.bias != "none") expect_close(*cpu.dbias, *ref.dbias, widen(bt, d_err), "dbias");
 }
 
-Options only_cpu() {
-  Options o;
-  o.backends = {"cpu"};
-  return o;
-}
-
 Config make(std::int64_t Lq, std::int64_t Lk, std::int64_t D, DType dtype) {
   Config c;
   c.Lq = Lq;
@@ -194,18 +188,14 @@ TEST(CpuBackend, DeterministicBackwardIsBitwiseRepeatable) {
   c.dropout = 0.1;
   Case cs(c, 3);
   cs.run_forward("cpu");
-  Options o;
-  o.backends = {"cpu"};
+  Options o = test::only({"cpu"});
   o.deterministic = true;
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(4);
   std::vector<std::uint8_t> first;
   for (int call = 0; call < 6; ++call) {
     test::poison(cs.dq);
-    backward(
-        cs.args(),
-        {cs.dout.view, cs.out.view, cs.lse.view, cs.dq.view, cs.dk.view, cs.dv.view, std::nullopt},
-        o);
+    backward(cs.args(), cs.grads(), o);
     if (call == 0) {
       first = cs.dq.storage;
     } else {
@@ -275,18 +265,12 @@ TEST(CpuBackend, DropoutMaskSeenThroughOutputsEqualsDropoutMask) {
   c.seed = 0x1234567890ABCDEFull;
   c.offset = 77;
   Case t(c, 11);
-  for (std::int64_t j = 0; j < c.Lk * c.dv() * c.B; ++j) t.v.set(j, 0.0);
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t j = 0; j < c.Lk; ++j) t.v.set((b * c.Lk + j) * c.dv() + j, 1.0);
+  test::fill_identity(t.v);
   t.run_forward("cpu");
-  MaskWindow w;
-  w.heads = c.Hq;
-  w.batch_count = c.B;
-  w.head_count = c.Hq;
-  w.rows = c.Lq;
-  w.cols = c.Lk;
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(c.B * c.Hq * c.Lq * c.Lk));
-  dropout_mask(c.seed, c.offset, c.dropout, w, keep.data());
+  dropout_mask(c.seed, c.offset, c.dropout,
+               {.heads = c.Hq, .batch_count = c.B, .head_count = c.Hq, .rows = c.Lq, .cols = c.Lk},
+               keep.data());
   std::int64_t dropped = 0;
   for (std::int64_t bhi = 0; bhi < c.B * c.Hq * c.Lq; ++bhi) {
     for (std::int64_t j = 0; j < c.Lk; ++j) {
@@ -312,14 +296,10 @@ TEST(CpuKernels, KeepMasksEqualDropoutKeepBits) {
   for (double p : {0.1, 0.5, 0.9}) {
     const DropoutThreshold t = dropout_threshold(p);
     const detail::DropoutKey key = detail::dropout_key(seed, offset);
-    MaskWindow w;
-    w.heads = 5;
-    w.batch_begin = 3;
-    w.head_begin = 4;
-    w.row_begin = 4000000000;  // rows up to 2^32
-    w.rows = 37;
+    // Rows up to 2^32, three 64-column blocks far out.
+    MaskWindow w{.heads = 5, .batch_begin = 3, .head_begin = 4, .rows = 37, .cols = 64 * 3};
+    w.row_begin = 4000000000;
     w.col_begin = 64 * 1000003;
-    w.cols = 64 * 3;
     std::vector<std::uint64_t> bits(static_cast<std::size_t>(w.rows * 3));
     dropout_keep_bits(seed, offset, p, w, bits.data());
     const std::uint64_t bh = 3 * 5 + 4;
@@ -525,7 +505,7 @@ TEST(CpuBackend, MemoryStaysLinearAt16k) {
   c.causal = CausalMode::top_left;  // half the work; the same buffers
   c.dropout = 0.1;
   Case t(c, 21);
-  const std::size_t ws = workspace_size(t.args(), Pass::forward, only_cpu());
+  const std::size_t ws = workspace_size(t.args(), Pass::forward, test::only({"cpu"}));
   EXPECT_LE(ws, static_cast<std::size_t>(threads) * (256u << 10)) << "forward workspace " << ws;
   std::size_t allocated = 0;
   {
@@ -569,7 +549,7 @@ TEST(CpuBackend, MemoryStaysLinearAt16k) {
   cb.dropout = 0.1;
   Case tb(cb, 22);
   tb.run_forward("cpu");
-  const std::size_t wsb = workspace_size(tb.args(), Pass::backward, only_cpu());
+  const std::size_t wsb = workspace_size(tb.args(), Pass::backward, test::only({"cpu"}));
   EXPECT_LE(wsb, static_cast<std::size_t>(threads) * ((512u << 10) + 4096u * 64 * 4));
   {
     test::AllocationCount count;
@@ -585,7 +565,7 @@ TEST(CpuBackend, UsesCallerWorkspaceAndRejectsASmallOne) {
   Config c = make(100, 150, 40, DType::bf16);
   c.dropout = 0.2;
   Case t(c, 31);
-  Options o = only_cpu();
+  Options o = test::only({"cpu"});
   const std::size_t ws = workspace_size(t.args(), Pass::forward, o);
   std::vector<std::uint8_t> buf(ws);
   o.workspace = buf.data();

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/call_helpers.h"
+#include "common/fake_backend.h"
 #include "common/host_tensor.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
@@ -25,36 +27,24 @@
 namespace memeff {
 namespace {
 
+using test::contains;
 using test::HostTensor;
+using test::only;
 using Reasons = std::function<std::vector<std::string>(const Problem&, Pass)>;
 
 // A backend that refuses by a rule and counts its calls; it computes nothing.
-class FakeBackend final : public Backend {
+class FakeBackend final : public test::FakeBackend {
  public:
   FakeBackend(std::string name, DeviceType device, Reasons reasons, std::size_t workspace = 0)
-      : name_(std::move(name)),
-        device_(device),
+      : test::FakeBackend(std::move(name), device),
         reasons_(std::move(reasons)),
         workspace_(workspace) {}
-  std::string name() const override { return name_; }
-  DeviceType device_type() const override { return device_; }
   std::vector<std::string> reasons_unsupported(const Problem& p, Pass pass) const override {
     return reasons_ ? reasons_(p, pass) : std::vector<std::string>{};
   }
   std::size_t workspace_bytes(const Problem&, Pass) const override { return workspace_; }
-  void forward(const Problem&, const AttentionArgs&, const TensorView&, const TensorView&,
-               const Options&) override {
-    ++forward_calls;
-  }
-  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
-                const Options&) override {
-    ++backward_calls;
-  }
-  std::atomic<int> forward_calls{0}, backward_calls{0};
 
  private:
-  std::string name_;
-  DeviceType device_;
   Reasons reasons_;
   std::size_t workspace_;
 };
@@ -128,16 +118,6 @@ const BackendReport* report_of(const Explanation& ex, const std::string& name) {
     if (r.name == name) return &r;
   }
   return nullptr;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-Options only(std::vector<std::string> names) {
-  Options o;
-  o.backends = std::move(names);
-  return o;
 }
 
 TEST_F(DispatchTest, ChoicesAndReasonsForATableOfArgumentSets) {
@@ -242,8 +222,8 @@ TEST_F(DispatchTest, DefaultOrderIsTheDeviceHeuristicThenOtherBackendsOfTheDevic
 }
 
 // The CUDA default order is fixed: the Hopper kernels, then the mma.sync fused kernels on every
-// shape (measured faster down to 32×32 scores), cuda_math third; shapes, dtypes and flags do not change it (MEMEFF_AUTOTUNE is
-// what adapts to a shape), while the device does.
+// shape (measured faster down to 32×32 scores), cuda_math third; shapes, dtypes and flags do not
+// change it (MEMEFF_AUTOTUNE is what adapts to a shape), while the device does.
 TEST_F(DispatchTest, CudaHeuristicPutsTheHopperThenTheFusedKernelsFirstOnEveryShape) {
   Problem base;
   base.device = Device::cuda(0);

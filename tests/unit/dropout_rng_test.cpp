@@ -102,10 +102,7 @@ TEST(DropoutMap, HugeCoordinatesFollowTheDocumentedCounter) {
     }
   }
   // bh >= 2^32 reaches the fourth counter word: heads 2^32 apart must differ somewhere.
-  MaskWindow w;
-  w.heads = 1;
-  w.rows = 4;
-  w.cols = 256;
+  MaskWindow w{.rows = 4, .cols = 256};
   std::vector<std::uint8_t> low(1024), high(1024);
   w.batch_begin = 7;
   dropout_mask(1, 2, 0.5, w, low.data());
@@ -115,15 +112,11 @@ TEST(DropoutMap, HugeCoordinatesFollowTheDocumentedCounter) {
 }
 
 TEST(DropoutMask, WindowsAgreeWithSingleElements) {
-  MaskWindow w;
-  w.heads = 3;
-  w.batch_begin = 1;
-  w.batch_count = 2;
-  w.head_begin = 1;
-  w.head_count = 2;
-  w.row_begin = (1ll << 31) - 3;  // straddles 2^31
+  // Rows straddle 2^31; columns start off the 64-column blocks and span several.
+  MaskWindow w{.heads = 3, .batch_begin = 1, .batch_count = 2, .head_begin = 1, .head_count = 2};
+  w.row_begin = (1ll << 31) - 3;
   w.rows = 6;
-  w.col_begin = 37;  // not 64-aligned, spans several blocks
+  w.col_begin = 37;
   w.cols = 150;
   std::vector<std::uint8_t> keep(2 * 2 * 6 * 150);
   std::vector<std::uint64_t> bits(2 * 2 * 6 * 3);
@@ -144,20 +137,11 @@ TEST(DropoutMask, WindowsAgreeWithSingleElements) {
 
 TEST(DropoutMask, IsAPureFunctionOfItsCoordinates) {
   // The same element drawn through different windows (chunking) gives the same decision.
-  MaskWindow whole;
-  whole.heads = 2;
-  whole.head_count = 2;
-  whole.rows = 70;
-  whole.cols = 200;
+  const MaskWindow whole{.heads = 2, .head_count = 2, .rows = 70, .cols = 200};
   std::vector<std::uint8_t> all(2 * 70 * 200);
   dropout_mask(7, 11, 0.2, whole, all.data());
-  MaskWindow part = whole;
-  part.head_begin = 1;
-  part.head_count = 1;
-  part.row_begin = 33;
-  part.rows = 20;
-  part.col_begin = 65;
-  part.cols = 90;
+  const MaskWindow part{
+      .heads = 2, .head_begin = 1, .row_begin = 33, .rows = 20, .col_begin = 65, .cols = 90};
   std::vector<std::uint8_t> some(20 * 90);
   dropout_mask(7, 11, 0.2, part, some.data());
   for (int i = 0; i < 20; ++i)
@@ -186,11 +170,8 @@ TEST(DropoutThreshold, QuantizesToBytes) {
 }
 
 TEST(DropoutMask, RejectsBadWindows) {
-  MaskWindow w;
-  w.rows = 4;
-  w.cols = 4;
+  MaskWindow w{.head_begin = 1, .rows = 4, .cols = 4};  // heads = 1: head 1 does not exist
   std::vector<std::uint8_t> keep(16);
-  w.head_begin = 1;  // heads = 1: head 1 does not exist
   EXPECT_THROW(dropout_mask(0, 0, 0.1, w, keep.data()), Error);
   w.head_begin = 0;
   w.rows = -1;
@@ -210,11 +191,7 @@ std::int64_t kept(std::uint64_t seed, std::uint64_t offset, double p, const Mask
 }
 
 TEST(DropoutStatistics, KeepRatePassesABinomialTest) {
-  MaskWindow w;
-  w.heads = 4;
-  w.head_count = 4;
-  w.rows = 256;
-  w.cols = 1000;  // not a multiple of 64
+  const MaskWindow w{.heads = 4, .head_count = 4, .rows = 256, .cols = 1000};  // cols: not 64·n
   std::vector<std::uint8_t> keep;
   for (double p : {0.01, 0.1, 0.5, 0.9}) {
     const double q = 1.0 - dropout_threshold(p).p_effective;
@@ -254,11 +231,7 @@ double correlation(const std::vector<std::uint8_t>& a, const std::vector<std::ui
 
 TEST(DropoutStatistics, MasksAreUncorrelatedAcrossOffsetsSeedsHeadsRowsAndColumns) {
   const double p = 0.5;
-  MaskWindow w;
-  w.heads = 8;
-  w.head_begin = 2;
-  w.rows = 256;
-  w.cols = 512;
+  const MaskWindow w{.heads = 8, .head_begin = 2, .rows = 256, .cols = 512};
   std::vector<std::uint8_t> base, other;
   kept(5, 100, p, w, base);
   const double limit = 5.0 / std::sqrt(static_cast<double>(base.size()));  // 5 sigma

@@ -43,14 +43,7 @@ void expect_all_zero(const test::HostTensor& t, const std::string& what) {
 
 // Dv = 0: v, out and dout have no elements (null data); dq, dk and dbias are still written.
 TEST(EmptyProblem, ZeroValueHeadDimWritesZeroGradients) {
-  Config c;
-  c.Lq = 5;
-  c.Lk = 9;
-  c.D = 4;
-  c.Dv = 0;
-  c.bias = "bhqk";
-  c.dropout = 0.2;
-  Pair p(c);
+  Pair p({.Lq = 5, .Lk = 9, .D = 4, .Dv = 0, .bias = "bhqk", .dropout = 0.2});
   EXPECT_EQ(p.cpu.v.view.data, nullptr);
   expect_all_zero(p.cpu.dq, "dq");
   expect_all_zero(p.cpu.dk, "dk");
@@ -60,11 +53,7 @@ TEST(EmptyProblem, ZeroValueHeadDimWritesZeroGradients) {
 
 // Lk = 0 with a bias: dbias is empty (null data) and the cpu backward must not touch it.
 TEST(EmptyProblem, NoKeysWithABiasGradient) {
-  Config c;
-  c.Lq = 6;
-  c.Lk = 0;
-  c.bias = "1h1k";
-  Pair p(c);
+  Pair p({.Lq = 6, .Lk = 0, .bias = "1h1k"});
   EXPECT_EQ(p.cpu.dbias->view.data, nullptr);
   expect_all_zero(p.cpu.dq, "dq");
   expect_all_zero(p.cpu.out, "out");
@@ -74,12 +63,7 @@ TEST(EmptyProblem, NoKeysWithABiasGradient) {
 TEST(EmptyProblem, NoBatchStillZeroesABroadcastBiasGradient) {
   for (const char* pattern : {"1hqk", "11qk", "111k"}) {
     SCOPED_TRACE(pattern);
-    Config c;
-    c.B = 0;
-    c.Lq = 3;
-    c.Lk = 4;
-    c.bias = pattern;
-    Pair p(c);
+    Pair p({.B = 0, .Lq = 3, .Lk = 4, .bias = pattern});
     ASSERT_GT(p.cpu.dbias->numel(), 0);
     expect_all_zero(*p.cpu.dbias, "cpu dbias");
     expect_all_zero(*p.ref.dbias, "reference dbias");

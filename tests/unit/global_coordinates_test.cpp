@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "common/attention_case.h"
+#include "common/call_helpers.h"
+#include "common/fake_backend.h"
 #include "common/tolerance.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
@@ -27,31 +29,22 @@ namespace memeff {
 namespace {
 
 using test::Case;
-using test::Config;
+using test::contains;
 using test::expect_close;
 using test::HostTensor;
+using test::only;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// The message of the invalid-argument error a call throws (a failure when it throws none).
 std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
-    return e.what();
+  const test::Thrown thrown = test::thrown_by(call);
+  if (thrown.error) {
+    EXPECT_EQ(thrown.code, ErrorCode::invalid_argument) << thrown.message;
+  } else {
+    ADD_FAILURE() << "no error";
   }
-  ADD_FAILURE() << "no error";
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-Options only(std::vector<std::string> names) {
-  Options o;
-  o.backends = std::move(names);
-  return o;
+  return thrown.message;
 }
 
 // `count` rows of dimension 2 from `start`, as a view of `t`'s memory.
@@ -86,10 +79,7 @@ HostTensor copy_of(const TensorView& view) {
 }
 
 TEST(GlobalCoordinates, ValidationNamesTheArgument) {
-  Config cfg;
-  cfg.Lq = 8;
-  cfg.Lk = 8;
-  Case c(cfg, 1);
+  Case c({.Lq = 8, .Lk = 8}, 1);
   auto fwd = [&](const AttentionArgs& a) { forward(a, c.out.view, c.lse.view); };
   AttentionArgs a = c.args();
   a.q_start = -1;
@@ -132,28 +122,12 @@ TEST(GlobalCoordinates, PackedCallsRefuseThem) {
                        "argument `k_start`: not supported with packed sequences"));
 }
 
-// A backend that predates the fields: it would run the call as a standalone attention.
-class OldBackend final : public Backend {
- public:
-  OldBackend(std::string name, DeviceType device) : name_(std::move(name)), device_(device) {}
-  std::string name() const override { return name_; }
-  DeviceType device_type() const override { return device_; }
-  std::vector<std::string> reasons_unsupported(const Problem&, Pass) const override { return {}; }
-  void forward(const Problem&, const AttentionArgs&, const TensorView&, const TensorView&,
-               const Options&) override {}
-  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
-                const Options&) override {}
-
- private:
-  std::string name_;
-  DeviceType device_;
-};
-
 TEST(GlobalCoordinates, BackendsThatDoNotImplementThemAreRefusedWithAReason) {
-  register_backend(std::make_shared<OldBackend>("old_cpu", DeviceType::cpu));
-  register_backend(std::make_shared<OldBackend>("old_gpu", DeviceType::cuda));
-  Config cfg;
-  Case c(cfg, 2);
+  // Backends that predate the fields (test::FakeBackend keeps Backend's default, false): they
+  // would run the call as a standalone attention.
+  register_backend(std::make_shared<test::FakeBackend>("old_cpu", DeviceType::cpu));
+  register_backend(std::make_shared<test::FakeBackend>("old_gpu", DeviceType::cuda));
+  Case c({}, 2);
   AttentionArgs a = c.args();
   EXPECT_TRUE(explain(a, Pass::forward, only({"old_cpu"})).backends.at(0).eligible);  // no starts
   a.k_start = 64;
@@ -181,11 +155,7 @@ TEST(GlobalCoordinates, BackendsThatDoNotImplementThemAreRefusedWithAReason) {
 // themselves.
 TEST(GlobalCoordinates, CudaBackendsNameWhatTheyRefuse) {
   const std::vector<std::string> registered = backend_names();
-  Config cfg;
-  cfg.dtype = DType::bf16;
-  cfg.D = 64;
-  cfg.dropout = 0.1;
-  Case c(cfg, 7);
+  Case c({.D = 64, .dropout = 0.1, .dtype = DType::bf16}, 7);
   AttentionArgs a = c.args();
   for (TensorView* t : {&a.q, &a.k, &a.v}) t->device = Device::cuda(0);
   int seen = 0;
@@ -208,43 +178,39 @@ TEST(GlobalCoordinates, CudaBackendsNameWhatTheyRefuse) {
   if (seen == 0) GTEST_SKIP() << "built without the CUDA backends";
 }
 
+// The tests below run on each host backend.
+class GlobalCoordinatesOnHost : public ::testing::TestWithParam<std::string> {};
+
 // Rows [a, a + m) of the whole attention, computed alone with q_start = a against every key,
 // are those rows of the whole: the mask and the causal diagonal follow the global row.
-TEST(GlobalCoordinates, AQuerySliceAtItsGlobalRowsIsThoseRowsOfTheWhole) {
-  for (const std::string backend : {"reference", "cpu"}) {
-    for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
-      Config cfg;
-      cfg.Lq = cfg.Lk = 150;
-      cfg.D = 24;
-      cfg.causal = causal;
-      cfg.dropout = 0.4;
-      Case whole(cfg, 3);
-      whole.run_forward(backend);
-      whole.run_backward(backend);
-      const std::int64_t a = 70, m = 50;
-      AttentionArgs args = whole.args();
-      args.q = rows(whole.q.view, a, m);
-      args.q_start = a;
-      HostTensor out(DType::f32, {1, cfg.Hq, m, cfg.D}), lse(DType::f32, {1, cfg.Hq, m});
-      HostTensor dq(DType::f32, {1, cfg.Hq, m, cfg.D}), dk = whole.dk, dv = whole.dv;
-      Options o;
-      o.backends = {backend};
-      forward(args, out.view, lse.view, o);
-      const HostTensor want_out = copy_of(rows(whole.out.view, a, m));
-      const HostTensor want_lse = copy_of(rows(whole.lse.view, a, m));
-      const std::string what = backend + " " + causal_mode_name(causal);
-      const test::Diff d_out = test::compare(out, want_out), d_lse = test::compare(lse, want_lse);
-      // Row by row the same arithmetic: bit for bit.
-      EXPECT_EQ(d_out.max_abs, 0.0) << what << " out at " << d_out.where(out);
-      EXPECT_EQ(d_lse.max_abs, 0.0) << what << " lse at " << d_lse.where(lse);
-      EXPECT_FALSE(d_out.nan || d_lse.nan) << what;
-      // The backward of the slice: dq of those rows (its own out and lse are the whole's rows).
-      const HostTensor dout_rows = copy_of(rows(whole.dout.view, a, m));
-      backward(args, {dout_rows.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt},
-               o);
-      expect_close(dq, copy_of(rows(whole.dq.view, a, m)),
-                   test::backward_tolerance(DType::f32, cfg.Lk), what + " dq");
-    }
+TEST_P(GlobalCoordinatesOnHost, AQuerySliceAtItsGlobalRowsIsThoseRowsOfTheWhole) {
+  const std::string backend = GetParam();
+  for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
+    const test::Config cfg{.Lq = 150, .Lk = 150, .D = 24, .causal = causal, .dropout = 0.4};
+    Case whole(cfg, 3);
+    whole.run_forward(backend);
+    whole.run_backward(backend);
+    const std::int64_t a = 70, m = 50;
+    AttentionArgs args = whole.args();
+    args.q = rows(whole.q.view, a, m);
+    args.q_start = a;
+    HostTensor out(DType::f32, {1, cfg.Hq, m, cfg.D}), lse(DType::f32, {1, cfg.Hq, m});
+    HostTensor dq(DType::f32, {1, cfg.Hq, m, cfg.D}), dk = whole.dk, dv = whole.dv;
+    forward(args, out.view, lse.view, only({backend}));
+    const HostTensor want_out = copy_of(rows(whole.out.view, a, m));
+    const HostTensor want_lse = copy_of(rows(whole.lse.view, a, m));
+    const std::string what = backend + " " + causal_mode_name(causal);
+    const test::Diff d_out = test::compare(out, want_out), d_lse = test::compare(lse, want_lse);
+    // Row by row the same arithmetic: bit for bit.
+    EXPECT_EQ(d_out.max_abs, 0.0) << what << " out at " << d_out.where(out);
+    EXPECT_EQ(d_lse.max_abs, 0.0) << what << " lse at " << d_lse.where(lse);
+    EXPECT_FALSE(d_out.nan || d_lse.nan) << what;
+    // The backward of the slice: dq of those rows (its own out and lse are the whole's rows).
+    const HostTensor dout_rows = copy_of(rows(whole.dout.view, a, m));
+    backward(args, {dout_rows.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt},
+             only({backend}));
+    expect_close(dq, copy_of(rows(whole.dq.view, a, m)),
+                 test::backward_tolerance(DType::f32, cfg.Lk), what + " dq");
   }
 }
 
@@ -252,23 +218,15 @@ TEST(GlobalCoordinates, AQuerySliceAtItsGlobalRowsIsThoseRowsOfTheWhole) {
 // forward partials merged through lse, backward blocks with kv_block and the whole out and lse.
 void check_key_blocks(const std::string& backend, DType dtype, CausalMode causal,
                       const std::string& bias) {
-  Config cfg;
-  cfg.Hq = 4;
-  cfg.Hkv = 2;
-  cfg.Lq = 140;
-  cfg.Lk = 140;
-  cfg.D = 24;
-  cfg.Dv = 16;
+  test::Config cfg{.Hq = 4, .Hkv = 2, .Lq = 140, .Lk = 140, .D = 24, .Dv = 16, .dropout = 0.3};
   cfg.causal = causal;
-  cfg.dropout = 0.3;
   cfg.bias = bias;
   cfg.dtype = dtype;
   Case whole(cfg, 4);
   whole.run_forward(backend);
   whole.run_backward(backend);
   const std::vector<std::int64_t> starts = {0, 37, 101, cfg.Lk};
-  Options o;
-  o.backends = {backend};
+  const Options o = only({backend});
   // Forward: merge partial (out, lse) of each block, row by row in double.
   const std::int64_t rows_total = cfg.B * cfg.Hq * cfg.Lq;
   std::vector<double> m_lse(rows_total, kNegInf), m_out(rows_total * cfg.Dv, 0.0);
@@ -328,52 +286,46 @@ void check_key_blocks(const std::string& backend, DType dtype, CausalMode causal
   if (dbias_all) expect_close(*dbias_all, *whole.dbias, btol, what + " dbias");
 }
 
-TEST(GlobalCoordinates, KeyBlocksMergeIntoTheWholeAttention) {
-  for (const std::string backend : {"reference", "cpu"}) {
-    for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
-      check_key_blocks(backend, DType::f32, causal, causal == CausalMode::none ? "bhqk" : "none");
-    }
+TEST_P(GlobalCoordinatesOnHost, KeyBlocksMergeIntoTheWholeAttention) {
+  for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {
+    check_key_blocks(GetParam(), DType::f32, causal, causal == CausalMode::none ? "bhqk" : "none");
   }
 }
 
 // A diagonal block's first row sees exactly one of its keys but every key before the block too:
 // without kv_block's rule the single-key shortcut would zero that row's dS (caught by dq above);
 // here the block's dk of that key is checked directly against the whole's, on both backends.
-TEST(GlobalCoordinates, KvBlockRowsThatSeeOneKeyOfTheBlockStillHaveGradients) {
-  for (const std::string backend : {"reference", "cpu"}) {
-    Config cfg;
-    cfg.Hq = cfg.Hkv = 1;
-    cfg.Lq = cfg.Lk = 8;
-    cfg.D = 16;
-    cfg.causal = CausalMode::top_left;
-    Case whole(cfg, 5);
-    whole.run_forward(backend);
-    whole.run_backward(backend);
-    // Block: rows 4..7 against keys 4..7 (diagonal); row 4 sees key 4 only in it.
-    AttentionArgs a = whole.args();
-    a.q = rows(whole.q.view, 4, 4);
-    a.k = rows(whole.k.view, 4, 4);
-    a.v = rows(whole.v.view, 4, 4);
-    a.q_start = 4;
-    a.k_start = 4;
-    a.kv_block = true;
-    HostTensor dq(DType::f32, {1, 1, 4, 16}), dk(DType::f32, {1, 1, 4, 16}),
-        dv(DType::f32, {1, 1, 4, 16});
-    HostTensor out = copy_of(rows(whole.out.view, 4, 4)), lse = copy_of(rows(whole.lse.view, 4, 4)),
-               dout = copy_of(rows(whole.dout.view, 4, 4));
-    Options o;
-    o.backends = {backend};
-    backward(a, {dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt}, o);
-    // Key 7 is seen by row 7 only, which is in this block: its dk is the whole's.
-    double dk7 = 0.0;
-    for (int e = 0; e < 16; ++e)
-      dk7 = std::max(dk7, std::fabs(dk.get(3 * 16 + e) - whole.dk.get(7 * 16 + e)));
-    EXPECT_LT(dk7, 1e-5) << backend;
-    double row4 = 0.0;  // row 4's dq from key 4 alone: nonzero (the row sees keys 0..4)
-    for (int e = 0; e < 16; ++e) row4 = std::max(row4, std::fabs(dq.get(e)));
-    EXPECT_GT(row4, 1e-4) << backend << ": dS of a row that sees one key of the block was zeroed";
-  }
+TEST_P(GlobalCoordinatesOnHost, KvBlockRowsThatSeeOneKeyOfTheBlockStillHaveGradients) {
+  const std::string backend = GetParam();
+  Case whole({.Hq = 1, .Hkv = 1, .Lq = 8, .Lk = 8, .D = 16, .causal = CausalMode::top_left}, 5);
+  whole.run_forward(backend);
+  whole.run_backward(backend);
+  // Block: rows 4..7 against keys 4..7 (diagonal); row 4 sees key 4 only in it.
+  AttentionArgs a = whole.args();
+  a.q = rows(whole.q.view, 4, 4);
+  a.k = rows(whole.k.view, 4, 4);
+  a.v = rows(whole.v.view, 4, 4);
+  a.q_start = 4;
+  a.k_start = 4;
+  a.kv_block = true;
+  HostTensor dq(DType::f32, {1, 1, 4, 16}), dk(DType::f32, {1, 1, 4, 16}),
+      dv(DType::f32, {1, 1, 4, 16});
+  HostTensor out = copy_of(rows(whole.out.view, 4, 4)), lse = copy_of(rows(whole.lse.view, 4, 4)),
+             dout = copy_of(rows(whole.dout.view, 4, 4));
+  backward(a, {dout.view, out.view, lse.view, dq.view, dk.view, dv.view, std::nullopt},
+           only({backend}));
+  // Key 7 is seen by row 7 only, which is in this block: its dk is the whole's.
+  double dk7 = 0.0;
+  for (int e = 0; e < 16; ++e)
+    dk7 = std::max(dk7, std::fabs(dk.get(3 * 16 + e) - whole.dk.get(7 * 16 + e)));
+  EXPECT_LT(dk7, 1e-5) << backend;
+  double row4 = 0.0;  // row 4's dq from key 4 alone: nonzero (the row sees keys 0..4)
+  for (int e = 0; e < 16; ++e) row4 = std::max(row4, std::fabs(dq.get(e)));
+  EXPECT_GT(row4, 1e-4) << backend << ": dS of a row that sees one key of the block was zeroed";
 }
+
+INSTANTIATE_TEST_SUITE_P(HostBackends, GlobalCoordinatesOnHost,
+                         ::testing::Values("reference", "cpu"), test::backend_name);
 
 // The cpu backend's keep-bits at key starts off the 64-key dropout blocks (two words spliced)
 // are the map's: same outputs as the reference at several starts, with p large enough that a
@@ -382,19 +334,13 @@ TEST(GlobalCoordinates, CpuMaskAtUnalignedKeyStartsIsTheMaps) {
   for (const std::int64_t k_start : {std::int64_t{1}, std::int64_t{63}, std::int64_t{64},
                                      std::int64_t{100}, (std::int64_t{1} << 33) + 5}) {
     const std::int64_t q_start = k_start == 1 ? (std::int64_t{1} << 32) - 20 : 1000;
-    Config cfg;
-    cfg.Lq = 20;
-    cfg.Lk = 130;
-    cfg.D = 16;
-    cfg.dropout = 0.5;
+    const test::Config cfg{.Lq = 20, .Lk = 130, .D = 16, .dropout = 0.5};
     Case ref(cfg, 6), cpu(cfg, 6);
     for (Case* c : {&ref, &cpu}) {
       AttentionArgs a = c->args();
       a.k_start = k_start;
       a.q_start = q_start;
-      Options o;
-      o.backends = {c == &ref ? "reference" : "cpu"};
-      forward(a, c->out.view, c->lse.view, o);
+      forward(a, c->out.view, c->lse.view, only({c == &ref ? "reference" : "cpu"}));
     }
     expect_close(cpu.out, ref.out, test::forward_tolerance(DType::f32, cfg.Lk),
                  "k_start " + std::to_string(k_start) + " q_start " + std::to_string(q_start));

@@ -14,7 +14,10 @@
 #include <vector>
 
 #include "common/allocation_count.h"
+#include "common/call_helpers.h"
+#include "common/fake_backend.h"
 #include "common/host_tensor.h"
+#include "common/packed_case.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
 #include "memeff/dispatch.h"
@@ -24,37 +27,34 @@ namespace memeff {
 namespace {
 
 using test::HostTensor;
+using test::only;
 
 // A backend that refuses by a rule, counts what the dispatcher asks of it and computes nothing.
-class CountingBackend final : public Backend {
+class CountingBackend final : public test::FakeBackend {
  public:
   using Rule = bool (*)(const Problem&);  // true: refuse
   CountingBackend(std::string name, Rule refuse, std::size_t workspace)
-      : name_(std::move(name)), refuse_(refuse), workspace_(workspace) {}
-  std::string name() const override { return name_; }
-  DeviceType device_type() const override { return DeviceType::cpu; }
+      : FakeBackend(std::move(name)), refuse_(refuse), workspace_(workspace) {}
   std::vector<std::string> reasons_unsupported(const Problem& p, Pass) const override {
     ++reasons_calls;
     if (refuse_ && refuse_(p)) return {"refused by its rule"};
     return {};
   }
   std::size_t workspace_bytes(const Problem&, Pass) const override { return workspace_; }
-  void forward(const Problem&, const AttentionArgs&, const TensorView&, const TensorView&,
-               const Options& options) override {
-    ++forward_calls;
+  void forward(const Problem& p, const AttentionArgs& a, const TensorView& out,
+               const TensorView& lse, const Options& options) override {
+    FakeBackend::forward(p, a, out, lse, options);
     last_workspace = options.workspace;
   }
-  void backward(const Problem&, const AttentionArgs&, const BackwardTensors&,
+  void backward(const Problem& p, const AttentionArgs& a, const BackwardTensors& g,
                 const Options& options) override {
-    ++backward_calls;
+    FakeBackend::backward(p, a, g, options);
     last_workspace = options.workspace;
   }
   mutable std::atomic<int> reasons_calls{0};
-  std::atomic<int> forward_calls{0}, backward_calls{0};
   void* last_workspace = nullptr;
 
  private:
-  std::string name_;
   Rule refuse_;
   std::size_t workspace_;
 };
@@ -80,49 +80,6 @@ struct Call {
   }
   CallInfo backward(const Options& o = {}) const { return memeff::backward(args(), grads(), o); }
 };
-
-// A packed call (AttentionArgs::packed) of S sequences with these query and key lengths.
-struct PackedCall {
-  std::vector<std::int32_t> cu_q{0}, cu_k{0};
-  std::int64_t max_q = 0, max_k = 0;
-  HostTensor q, k, v, out, lse;
-  PackedCall(const std::vector<std::int32_t>& lens_q, const std::vector<std::int32_t>& lens_k)
-      : q(DType::f32, {total(lens_q), 2, 8}),
-        k(DType::f32, {total(lens_k), 2, 8}),
-        v(DType::f32, {total(lens_k), 2, 8}),
-        out(DType::f32, {total(lens_q), 2, 8}),
-        lse(DType::f32, {2, total(lens_q)}) {
-    for (std::size_t s = 0; s < lens_q.size(); ++s) {
-      cu_q.push_back(cu_q.back() + lens_q[s]);
-      cu_k.push_back(cu_k.back() + lens_k[s]);
-      max_q = std::max<std::int64_t>(max_q, lens_q[s]);
-      max_k = std::max<std::int64_t>(max_k, lens_k[s]);
-    }
-  }
-  static std::int64_t total(const std::vector<std::int32_t>& lens) {
-    std::int64_t t = 0;
-    for (const std::int32_t n : lens) t += n;
-    return t;
-  }
-  CallInfo forward(const Options& o) const {
-    AttentionArgs a = test::attention_args(q, k, v);
-    PackedSequences p;
-    p.cu_seqlens_q = TensorView::contiguous(const_cast<std::int32_t*>(cu_q.data()), DType::i32,
-                                            {static_cast<std::int64_t>(cu_q.size())});
-    p.cu_seqlens_k = TensorView::contiguous(const_cast<std::int32_t*>(cu_k.data()), DType::i32,
-                                            {static_cast<std::int64_t>(cu_k.size())});
-    p.max_seqlen_q = max_q;
-    p.max_seqlen_k = max_k;
-    a.packed = p;
-    return memeff::forward(a, out.view, lse.view, o);
-  }
-};
-
-Options only(std::vector<std::string> names) {
-  Options o;
-  o.backends = std::move(names);
-  return o;
-}
 
 class HotPathTest : public ::testing::Test {
  protected:
@@ -192,17 +149,22 @@ TEST_F(HotPathTest, PackedCallsAndTheirRowCountsEachMakeTheirOwnDecision) {
   const Options order = only({"hot_dense_only", "hot_first"});
   Call dense(DType::f32, 4);  // [1, 2, 4, 8] queries, 5 keys
   EXPECT_EQ(dense.forward(order).backend, "hot_dense_only");
-  const PackedCall one({4}, {5});  // the same B, H, Lq, Lk, D, Dv, packed
-  EXPECT_EQ(one.forward(order).backend, "hot_first");
+  auto packed_forward = [&](const test::PackedCase& pc) {
+    return forward(pc.args(), pc.out.view, pc.lse.view, order).backend;
+  };
+  // One sequence: the dense call's B, H, Lq, Lk, D and Dv, packed.
+  const test::PackedCase one({.seqlens_q = {4}, .seqlens_k = {5}, .D = 8}, 1);
+  EXPECT_EQ(packed_forward(one), "hot_first");
   EXPECT_EQ(dense.forward(order).backend, "hot_dense_only");
   EXPECT_EQ(dense_only->reasons_calls, 2);
   EXPECT_EQ(first->reasons_calls, 1);
-  EXPECT_EQ(one.forward(order).backend, "hot_first");  // remembered
+  EXPECT_EQ(packed_forward(one), "hot_first");  // remembered
   EXPECT_EQ(first->reasons_calls, 1);
   // Two sequences, the same maxima, other row counts: decided again.
-  const PackedCall a({4, 2}, {5, 5}), b({4, 4}, {5, 3});
-  EXPECT_EQ(a.forward(order).backend, "hot_first");
-  EXPECT_EQ(b.forward(order).backend, "hot_first");
+  const test::PackedCase a({.seqlens_q = {4, 2}, .seqlens_k = {5, 5}, .D = 8}, 1),
+      b({.seqlens_q = {4, 4}, .seqlens_k = {5, 3}, .D = 8}, 1);
+  EXPECT_EQ(packed_forward(a), "hot_first");
+  EXPECT_EQ(packed_forward(b), "hot_first");
   EXPECT_EQ(first->reasons_calls, 3);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/attention_case.h"
+#include "common/call_helpers.h"
 #include "common/packed_case.h"
 #include "common/tolerance.h"
 #include "memeff/attention.h"
@@ -55,12 +56,7 @@ void expect_lse_equal(const PackedCase& pc, const Case& pad) {
 
 std::vector<PackedConfig> mixed_configs() {
   std::vector<PackedConfig> out;
-  PackedConfig a;
-  a.seqlens_q = {17, 1, 0, 65, 130};
-  a.Hq = 4;
-  a.Hkv = 2;
-  a.D = 24;
-  a.Dv = 16;
+  PackedConfig a{.seqlens_q = {17, 1, 0, 65, 130}, .Hq = 4, .Hkv = 2, .D = 24, .Dv = 16};
   for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
     for (double p : {0.0, 0.3}) {
       a.causal = m;
@@ -68,10 +64,8 @@ std::vector<PackedConfig> mixed_configs() {
       out.push_back(a);
     }
   }
-  PackedConfig b;  // keys of other lengths than the queries, per sequence
-  b.seqlens_q = {5, 70, 3, 0};
-  b.seqlens_k = {9, 66, 0, 4};
-  b.dropout = 0.2;
+  // Keys of other lengths than the queries, per sequence.
+  PackedConfig b{.seqlens_q = {5, 70, 3, 0}, .seqlens_k = {9, 66, 0, 4}, .dropout = 0.2};
   for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
     b.causal = m;
     out.push_back(b);
@@ -99,9 +93,7 @@ TEST(PackedReference, EqualsThePaddedBatchBitForBit) {
 TEST(PackedReference, DropoutDrawsTheMaskOfBatchIndexS) {
   // One sequence per position: sequence s must draw batch s's mask, not batch 0's. Two packed
   // sequences of equal inputs give different outputs with dropout, the same without.
-  PackedConfig c;
-  c.seqlens_q = {33, 33};
-  c.dropout = 0.5;
+  const PackedConfig c{.seqlens_q = {33, 33}, .dropout = 0.5};
   PackedCase pc(c, 5);
   for (std::int64_t t = 0; t < 33; ++t) {  // sequence 1 := sequence 0
     for (HostTensor* x : {&pc.q, &pc.k, &pc.v}) {
@@ -154,10 +146,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, PackedCpu, ::testing::Values(DType::f32, DType:
 
 TEST(PackedCpuViews, StridedViewsIntoAPackedQkvBuffer) {
   // q, k, v as slices of one [T, 3, H, D] buffer (the layout of a fused qkv projection).
-  PackedConfig c;
-  c.seqlens_q = {40, 7, 90};
-  c.causal = CausalMode::top_left;
-  c.dropout = 0.1;
+  const PackedConfig c{.seqlens_q = {40, 7, 90}, .causal = CausalMode::top_left, .dropout = 0.1};
   PackedCase ref(c, 8);
   const std::int64_t T = ref.Tq, H = c.Hq, D = c.D;
   HostTensor qkv(DType::f32, {T, 3, H, D});
@@ -179,48 +168,33 @@ TEST(PackedCpuViews, StridedViewsIntoAPackedQkvBuffer) {
   a.q = slice(0);
   a.k = slice(1);
   a.v = slice(2);
-  Options o;
-  o.backends = {"cpu"};
-  forward(a, cpu.out.view, cpu.lse.view, o);
+  forward(a, cpu.out.view, cpu.lse.view, test::only({"cpu"}));
   expect_close(cpu.out, ref.out, test::forward_tolerance(DType::f32, 90), "out");
 }
 
-TEST(PackedEdges, EmptySequencesAndNoSequences) {
-  for (const char* backend : {"reference", "cpu"}) {
-    SCOPED_TRACE(backend);
-    PackedConfig c;
-    c.seqlens_q = {0, 3, 0};
-    c.seqlens_k = {4, 0, 0};  // sequence 0: keys but no queries; 1: queries but no keys
-    c.dropout = 0.2;
-    PackedCase pc(c, 3);
-    pc.run_forward(backend);
-    for (std::int64_t i = 0; i < pc.out.numel(); ++i) ASSERT_EQ(pc.out.get(i), 0.0);
-    for (std::int64_t i = 0; i < pc.lse.numel(); ++i) ASSERT_TRUE(std::isinf(pc.lse.get(i)));
-    pc.run_backward(backend);
-    for (HostTensor* g : {&pc.dq, &pc.dk, &pc.dv})
-      for (std::int64_t i = 0; i < g->numel(); ++i) ASSERT_EQ(g->get(i), 0.0);
+class PackedEdges : public ::testing::TestWithParam<std::string> {};
 
-    PackedConfig none;  // S = 0: cu_seqlens = [0], empty tensors
-    PackedCase empty(none, 3);
-    EXPECT_NO_THROW(empty.run_forward(backend));
-    EXPECT_NO_THROW(empty.run_backward(backend));
-  }
+TEST_P(PackedEdges, EmptySequencesAndNoSequences) {
+  const std::string backend = GetParam();
+  // Sequence 0: keys but no queries; 1: queries but no keys; 2: neither.
+  PackedCase pc({.seqlens_q = {0, 3, 0}, .seqlens_k = {4, 0, 0}, .dropout = 0.2}, 3);
+  pc.run_forward(backend);
+  for (std::int64_t i = 0; i < pc.out.numel(); ++i) ASSERT_EQ(pc.out.get(i), 0.0);
+  for (std::int64_t i = 0; i < pc.lse.numel(); ++i) ASSERT_TRUE(std::isinf(pc.lse.get(i)));
+  pc.run_backward(backend);
+  for (HostTensor* g : {&pc.dq, &pc.dk, &pc.dv})
+    for (std::int64_t i = 0; i < g->numel(); ++i) ASSERT_EQ(g->get(i), 0.0);
+
+  PackedCase empty({}, 3);  // S = 0: cu_seqlens = [0], empty tensors
+  EXPECT_NO_THROW(empty.run_forward(backend));
+  EXPECT_NO_THROW(empty.run_backward(backend));
 }
 
-// The message of the memeff::Error a call throws ("" when none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+INSTANTIATE_TEST_SUITE_P(HostBackends, PackedEdges, ::testing::Values("reference", "cpu"),
+                         test::backend_name);
 
 TEST(PackedValidation, OffsetsAndShapesAreNamed) {
-  PackedConfig c;
-  c.seqlens_q = {4, 6};
+  const PackedConfig c{.seqlens_q = {4, 6}};
   auto forward_with = [&](auto&& edit) {
     PackedCase pc(c, 1);
     AttentionArgs a = pc.args();
@@ -229,12 +203,10 @@ TEST(PackedValidation, OffsetsAndShapesAreNamed) {
     a.packed->cu_seqlens_q.data = cu_q.data();
     a.packed->cu_seqlens_k.data = cu_k.data();
     edit(a, cu_q, cu_k, out, lse);
-    return error_of([&] { forward(a, out.view, lse.view); });
+    return test::error_message([&] { forward(a, out.view, lse.view); });
   };
   using V = std::vector<std::int32_t>;
-  auto has = [](const std::string& msg, const std::string& part) {
-    return msg.find(part) != std::string::npos;
-  };
+  auto has = test::contains;
   EXPECT_TRUE(has(forward_with([](auto&, V& q, V&, auto&, auto&) { q[0] = 1; }), "`cu_seqlens_q`"));
   EXPECT_TRUE(has(forward_with([](auto&, V& q, V&, auto&, auto&) { q[2] = 3; }), "non-decreasing"));
   EXPECT_TRUE(has(forward_with([](auto&, V&, V& k, auto&, auto&) { k[2] = 9; }), "`cu_seqlens_k`"));

@@ -24,18 +24,11 @@ using test::Config;
 using test::HostTensor;
 using test::Layout;
 
-// The reference's own small defaults: fp64, GQA 2:1, Lq != Lk, Dv != D.
+// The reference's own small defaults: fp64, GQA 2:1, Lq != Lk, Dv != D, the mask of seed 1234
+// from offset 0.
 Config ref_config() {
-  Config c;
-  c.Hkv = 1;
-  c.Lq = 5;
-  c.Lk = 7;
-  c.D = 4;
-  c.Dv = 3;
-  c.dtype = DType::f64;
-  c.seed = 1234;
-  c.offset = 0;
-  return c;
+  return {
+      .Hkv = 1, .Lq = 5, .Lk = 7, .D = 4, .Dv = 3, .dtype = DType::f64, .seed = 1234, .offset = 0};
 }
 
 constexpr std::uint64_t kDataSeed = 7;
@@ -122,21 +115,15 @@ TEST(Reference, DropoutMaskAndScalingSeenThroughIdentityValues) {
   c.dropout = 0.3;
   c.offset = 9;
   Case drop(c, kDataSeed);
-  for (std::int64_t h = 0; h < 3; ++h)
-    for (std::int64_t j = 0; j < 70; ++j)
-      for (std::int64_t e = 0; e < 70; ++e) drop.v.set((h * 70 + j) * 70 + e, j == e ? 1.0 : 0.0);
+  test::fill_identity(drop.v);
   const CallInfo info = drop.run_forward("reference");
   EXPECT_DOUBLE_EQ(info.p_effective, dropout_threshold(0.3).p_effective);
   Case plain = drop;
   plain.cfg.dropout = 0.0;
   plain.run_forward("reference");
-  MaskWindow w;
-  w.heads = 3;
-  w.head_count = 3;
-  w.rows = 33;
-  w.cols = 70;
   std::vector<std::uint8_t> keep(3 * 33 * 70);
-  dropout_mask(c.seed, c.offset, c.dropout, w, keep.data());
+  dropout_mask(c.seed, c.offset, c.dropout, {.heads = 3, .head_count = 3, .rows = 33, .cols = 70},
+               keep.data());
   const double scale = dropout_threshold(0.3).keep_scale;
   for (std::int64_t n = 0; n < drop.out.numel(); ++n) {
     ASSERT_NEAR(drop.out.get(n), keep[n] ? plain.out.get(n) * scale : 0.0, 1e-12) << n;
@@ -230,13 +217,10 @@ TEST(Reference, StridedInputsGiveTheSameResult) {
   }
 }
 
-// Gradient check by central differences of Σ out ∘ dout, in fp64.
+// Gradient check by central differences of Σ out ∘ dout, in fp64: up to `samples_per_tensor`
+// elements of q, k, v and the bias each.
 void gradcheck(const Config& cfg, int samples_per_tensor = 24) {
-  SCOPED_TRACE(::testing::Message()
-               << "B " << cfg.B << " Hq " << cfg.Hq << " Hkv " << cfg.Hkv << " Lq " << cfg.Lq
-               << " Lk " << cfg.Lk << " D " << cfg.D << " Dv " << cfg.Dv << " causal "
-               << causal_mode_name(cfg.causal) << " bias " << cfg.bias << " dropout "
-               << cfg.dropout);
+  SCOPED_TRACE(cfg.describe());
   Case t(cfg, kDataSeed);
   t.run_forward("reference");
   t.run_backward("reference");
@@ -264,70 +248,44 @@ void gradcheck(const Config& cfg, int samples_per_tensor = 24) {
   if (t.bias) check(*t.bias, *t.dbias, "bias");
 }
 
-TEST(ReferenceGradcheck, SingleElement) {
-  Config c = ref_config();
-  c.Lq = c.Lk = 1;
+// The gradcheck grid: each row a whole call, run in fp64 with the mask of seed 1234.
+struct GradcheckCase {
+  const char* name;
+  Config cfg;
+};
+
+// clang-format off
+const GradcheckCase kGradcheckCases[] = {
+    {"SingleElement", {.Hkv = 1, .Lq = 1, .Lk = 1, .D = 4, .Dv = 3}},
+    {"OddLengthCausalDropoutFullBias", {.Hkv = 1, .Lq = 17, .Lk = 17, .D = 5, .Dv = 4,
+                                        .causal = CausalMode::top_left, .bias = "bhqk",
+                                        .dropout = 0.3}},
+    {"SixtyFiveBottomRightBroadcastBias", {.Hkv = 1, .Lq = 65, .Lk = 65, .D = 3, .Dv = 3,
+                                           .causal = CausalMode::bottom_right, .bias = "1h1k",
+                                           .dropout = 0.2}},
+    // The case PyTorch PR #103704 got wrong (tile-relative RNG): many keys, causal, dropout.
+    {"CausalDropoutWithMoreKeysThanOneTile", {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 7, .Lk = 129,
+                                              .D = 4, .Dv = 6, .causal = CausalMode::bottom_right,
+                                              .bias = "b11k", .dropout = 0.1,
+                                              .layout = Layout::blhd, .offset = 1ull << 33}},
+    {"MoreQueriesThanKeysWithEmptyRows", {.Hkv = 1, .Lq = 20, .Lk = 9, .D = 4, .Dv = 3,
+                                          .causal = CausalMode::bottom_right, .bias = "11qk",
+                                          .dropout = 0.5}},
+    {"MultiQueryNoMask", {.Hq = 3, .Hkv = 1, .Lq = 6, .Lk = 11, .D = 4, .Dv = 3, .bias = "bh1k"}},
+};
+// clang-format on
+
+class ReferenceGradcheck : public ::testing::TestWithParam<GradcheckCase> {};
+
+TEST_P(ReferenceGradcheck, MatchesCentralDifferences) {
+  Config c = GetParam().cfg;
+  c.dtype = DType::f64;
+  c.seed = 1234;
   gradcheck(c);
 }
 
-TEST(ReferenceGradcheck, OddLengthCausalDropoutFullBias) {
-  Config c = ref_config();
-  c.Lq = c.Lk = 17;
-  c.D = 5;
-  c.Dv = 4;
-  c.causal = CausalMode::top_left;
-  c.bias = "bhqk";
-  c.dropout = 0.3;
-  gradcheck(c);
-}
-
-TEST(ReferenceGradcheck, SixtyFiveBottomRightBroadcastBias) {
-  Config c = ref_config();
-  c.Lq = c.Lk = 65;
-  c.D = c.Dv = 3;
-  c.causal = CausalMode::bottom_right;
-  c.bias = "1h1k";
-  c.dropout = 0.2;
-  gradcheck(c);
-}
-
-TEST(ReferenceGradcheck, CausalDropoutWithMoreKeysThanOneTile) {
-  // The case PyTorch PR #103704 got wrong (tile-relative RNG): many keys, causal, dropout.
-  Config c = ref_config();
-  c.B = 2;
-  c.Hq = 4;
-  c.Hkv = 2;
-  c.Lq = 7;
-  c.Lk = 129;
-  c.D = 4;
-  c.Dv = 6;
-  c.causal = CausalMode::bottom_right;
-  c.bias = "b11k";
-  c.dropout = 0.1;
-  c.layout = Layout::blhd;
-  c.offset = 1ull << 33;
-  gradcheck(c);
-}
-
-TEST(ReferenceGradcheck, MoreQueriesThanKeysWithEmptyRows) {
-  Config c = ref_config();
-  c.Lq = 20;
-  c.Lk = 9;
-  c.causal = CausalMode::bottom_right;
-  c.bias = "11qk";
-  c.dropout = 0.5;
-  gradcheck(c);
-}
-
-TEST(ReferenceGradcheck, MultiQueryNoMask) {
-  Config c = ref_config();
-  c.Hq = 3;
-  c.Hkv = 1;
-  c.Lq = 6;
-  c.Lk = 11;
-  c.bias = "bh1k";
-  gradcheck(c);
-}
+INSTANTIATE_TEST_SUITE_P(Cases, ReferenceGradcheck, ::testing::ValuesIn(kGradcheckCases),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace memeff
