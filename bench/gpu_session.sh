@@ -6,7 +6,9 @@
 # and an autotune demonstration.
 # Usage: bench/gpu_session.sh BUILD_DIR TORCH_SCRIPT   (logs and JSON rows go to $OUT)
 # SKIP_CPU=1 skips the CPU comparison, SKIP_TUNE=1 the autotune demonstration; TORCH_BACKENDS
-# (default "flash cudnn") picks the peers. bench/gpu_python.sh is the PyTorch package's half.
+# (default "flash cudnn") picks the peers; BASELINE_BIN=DIR (an older build) benches it beside
+# this one, twice each, in the same call. SKIP_CHECKS=1 skips the tests, sanitizers and runs
+# (a second call on a warm machine that only measures). bench/gpu_python.sh is the PyTorch package's half.
 set -uo pipefail
 # Every step has a time limit, so a hang costs that step and not the whole call.
 bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
@@ -19,6 +21,7 @@ step "device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv |
   tee "$out/device.txt"
 
+if [ -z "${SKIP_CHECKS:-}" ]; then
 step "gpu tests"
 timeout 120 "$bin/tests/memeff_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 25
 
@@ -58,11 +61,27 @@ for n in 2 4; do
     --context-parallel $n --cp-transport local 2>&1 | tee -a "$out/run_cp.log"
 done
 
+fi  # SKIP_CHECKS
+
 shapes=(32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1
         1,16,16384,16384,128,1 8,32,2048,2048,128,0,8 8,16,2048,2048,96,0 4,16,2048,2048,256,0)
 step "memeff bench (default dispatch; anchor shapes, GQA, hd96, hd256; dropout 0 and 0.1)"
 timeout 200 "$bin/tools/memeff" bench --shapes "${shapes[@]}" --json "$out/memeff_bench.json" \
   2>"$out/bench_progress.log" | tee "$out/bench.log"
+if [ -n "${BASELINE_BIN:-}" ]; then
+  # An older build's `memeff bench` on the same shapes, then both once more: old against new in
+  # one call, with each one's own spread beside it (compare.py --baseline joins the pairs).
+  for round in 1 2; do
+    step "memeff bench, older build $BASELINE_BIN (round $round)"
+    timeout 200 "$BASELINE_BIN/tools/memeff" bench --shapes "${shapes[@]}" \
+      --json "$out/memeff_base_$round.json" 2>>"$out/bench_progress.log" | tee "$out/bench_base_$round.log"
+    if [ "$round" = 1 ]; then
+      step "memeff bench, this build (round 2)"
+      timeout 200 "$bin/tools/memeff" bench --shapes "${shapes[@]}" \
+        --json "$out/memeff_bench_2.json" 2>>"$out/bench_progress.log" | tee "$out/bench_2.log"
+    fi
+  done
+fi
 step "memeff bench --backend cuda (the mma.sync kernels, baseline)"
 timeout 200 "$bin/tools/memeff" bench --backend cuda --shapes "${shapes[@]}" --json "$out/memeff_sm80.json" \
   2>>"$out/bench_progress.log" | tee "$out/bench_sm80.log"
@@ -78,6 +97,13 @@ if [ -s "$out/torch.json" ]; then
   step "side-by-side table"
   python3 "$(dirname "$0")/compare.py" "$out/memeff_bench.json" "$out/torch.json" \
     --baseline "$out/memeff_sm80.json" --markdown "$out/table.md" --plot "$out/anchors.png"
+  if [ -s "$out/memeff_base_1.json" ]; then
+    step "this build beside the older one (two rounds each)"
+    python3 "$(dirname "$0")/compare.py" "$out/memeff_bench.json" "$out/torch.json" \
+      --baseline "$out/memeff_base_1.json" --markdown "$out/table_vs_base_1.md"
+    python3 "$(dirname "$0")/compare.py" "$out/memeff_bench_2.json" "$out/torch.json" \
+      --baseline "$out/memeff_base_2.json" --markdown "$out/table_vs_base_2.md"
+  fi
 fi
 
 if [ -n "${SKIP_TUNE:-}" ]; then step "done"; exit 0; fi

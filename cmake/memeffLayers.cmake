@@ -20,6 +20,7 @@ function(memeff_layer name)
     file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${path} ${root}/${path} SYMBOLIC)
   endforeach()
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${root})
+  set_target_properties(${name} PROPERTIES MEMEFF_INCLUDE_ROOT ${root})
   target_compile_definitions(${name} PRIVATE $<$<BOOL:${MEMEFF_WITH_CUDA}>:MEMEFF_WITH_CUDA=1>)
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${MEMEFF_WARNINGS}>)
   # The objects go into libmemeff, a shared one too.

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/reasons.h"
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/common/types.cuh"
 #include "cuda/runtime/check.h"
@@ -64,14 +65,14 @@ __global__ void bwd_preprocess_kernel(BackwardParams p, float* delta, float* lse
 // most 65535.
 inline unsigned prepost_blocks(std::int64_t work, int per_block) {
   return static_cast<unsigned>(
-      std::clamp<std::int64_t>((work + per_block - 1) / per_block, 1, 65535));
+      std::clamp<std::int64_t>((work + per_block - 1) / per_block, 1, kMaxGridY));
 }
 
 template <class T>
 void launch_bwd_preprocess(const BackwardParams& p, float* delta, float* lse_log2,
                            const PreprocessRows& rows, float delta_scale, cudaStream_t stream) {
   if (rows.heads == 0 || rows.per_head == 0) return;
-  const unsigned head_blocks = static_cast<unsigned>(std::min<std::int64_t>(rows.heads, 65535));
+  const unsigned head_blocks = static_cast<unsigned>(std::min(rows.heads, kMaxGridY));
   auto launch = [&](auto kernel, int lanes) {
     const dim3 grid(static_cast<unsigned>((rows.per_head * lanes + 255) / 256), head_blocks);
     kernel<<<grid, 256, 0, stream>>>(p, delta, lse_log2, rows, delta_scale);

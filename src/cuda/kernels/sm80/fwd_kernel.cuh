@@ -8,7 +8,7 @@
 // every sequence, Hq) and a CTA finds its (sequence, query block) with the warp-scan scheduler;
 // all addressing is then that of a dense batch entry of the sequence's lengths whose rows start
 // at its packed rows. The dense instantiation keeps compile-time zero offsets and reads the
-// lengths from the params as before, so packed support costs it nothing.
+// lengths from the params where it uses them, so packed support costs it nothing.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int wg = warpgroup - 1;  // consumer index: keys 64·wg .. 64·wg + 63 of the block
   const int ctid = tid - 128 * warpgroup;  // thread within the warpgroup
   const int warp = ctid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  // The sequence's keys (dense: the problem's, read where used as before: a local copy would
+  // The sequence's keys (dense: the problem's, read from the params where used: a local copy would
   // hold two more registers through the main loop); packed: its first key row and its first query
   // block in the workspace's per-head layout.
   auto seq_Lk = [&]() -> std::int64_t {

@@ -83,7 +83,7 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   // 2. delta and lse·log2(e), padded to whole query blocks. With dropout delta is divided by
   //    keep_scale (times the keep probability t/256, exactly), as the main kernel wants it.
   const float delta_scale = p.has_dropout ? static_cast<float>(p.keep_threshold) / 256.0f : 1.0f;
-  const unsigned head_blocks = static_cast<unsigned>(std::min<std::int64_t>(heads, 65535));
+  const unsigned head_blocks = static_cast<unsigned>(std::min(heads, kMaxGridY));
   // Packed: the query tiles of the scheduler (the whole padded workspace blocks of each tile).
   const unsigned q_tiles = static_cast<unsigned>(tp.packed_q_tiles);
   if (!packed) {

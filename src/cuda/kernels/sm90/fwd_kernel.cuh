@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const bool premul = kBias || !(p.scale > 0.0f);
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
-  // The sequence's diagonal, keys and queries (dense: the problem's, the lengths read where used
-  // as before: local copies would hold more registers through the main loop).
+  // The sequence's diagonal, keys and queries (dense: the problem's, the lengths read from the
+  // params where used: local copies would hold more registers through the main loop).
   const std::int64_t causal_shift = kPacked ? packed.causal_shift : p.causal_shift;
   auto seq_Lk = [&]() -> std::int64_t {
     if constexpr (kPacked) {
