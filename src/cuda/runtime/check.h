@@ -33,4 +33,16 @@ void once_per_device(std::atomic<unsigned long long>& done, Setup&& setup) {
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+// A kernel's opt-in to `bytes` of dynamic shared memory (above the default 48 KB), once per
+// device; `done` belongs to the kernel, `name` goes into the error.
+template <class Kernel>
+void opt_in_shared_memory(std::atomic<unsigned long long>& done, Kernel kernel, int bytes,
+                          const char* name) {
+  once_per_device(done, [&] {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               (std::string("cudaFuncSetAttribute(") + name + ", max dynamic shared memory)")
+                   .c_str());
+  });
+}
+
 }  // namespace memeff::cuda

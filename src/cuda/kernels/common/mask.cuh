@@ -1,8 +1,8 @@
 // Masking and the additive bias, shared by both kernel families: the mask policy (KeyMask: the
-// trip counts of the kernels' loops under a causal mask and whether a tile needs masking), the
-// masking of a score fragment (the m16n8 C layout of common/softmax.cuh: keys past the end of
-// the sequence and, with a causal mask, keys after the shifted diagonal become -inf), the bias
-// read per element with its broadcast strides, and rows that see a single key (dS exactly 0).
+// trip counts of the kernels' loops under a causal mask), the masking of a score fragment (the
+// m16n8 C layout of common/softmax.cuh: keys past the end of the sequence and, with a causal
+// mask, keys after the shifted diagonal become -inf), the bias read per element with its
+// broadcast strides, and rows that see a single key (dS exactly 0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,10 +40,13 @@ __device__ __forceinline__ void mask_scores(float (&s)[kNT][4], std::int64_t row
 
 using detail::sees_one_key;  // rows whose dS is exactly 0 (core/visible_keys.h)
 
-// The mask of one sequence as a policy over tiles: the kernels ask it for their trip counts and
-// whether a tile holds an element to mask, and never spell out the causal arithmetic. Query i
-// sees key j iff j < Lk and, when causal, j <= i + shift. A value built where it is used (per
-// tile step), from the lengths as the kernel reads them, so it costs no registers of its own.
+// The mask of one sequence as a policy over tiles: the trip counts of the kernels' loops, so no
+// kernel spells out the causal arithmetic of its bounds. Query i sees key j iff j < Lk and, when
+// causal, j <= i + shift. Inside the main loops the kernels test a tile (does it cross the end
+// of the keys or the diagonal?) and mask it with mask_scores in place: built there, a KeyMask
+// kept its copies of Lk and the shift in registers through the loop (ptxas, sm_90a: the sm90
+// backward with bias spilled up to 440 bytes more), while the trip counts below, taken once per
+// CTA, compile to the code they replaced.
 struct KeyMask {
   bool causal;
   std::int64_t Lk;     // keys of the sequence
@@ -68,26 +71,6 @@ struct KeyMask {
     if (need <= 0) return 0;
     return static_cast<int>(
         min((need + kBlockM - 1) / kBlockM, static_cast<std::int64_t>(m_blocks)));
-  }
-
-  // Whether the tile of kBlockN keys from n0 holds a key some row from m0 on must not see: it
-  // crosses the end of the keys or the diagonal of row m0 (the tile's first row).
-  template <int kBlockN>
-  MEMEFF_HD bool tile_needs_mask(std::int64_t m0, std::int64_t n0) const {
-    return n0 + kBlockN > Lk || (causal && n0 + kBlockN - 1 > m0 + shift);
-  }
-
-  MEMEFF_HD bool visible(std::int64_t i, std::int64_t j) const {
-    return !(j >= Lk || (causal && j > i + shift));
-  }
-  MEMEFF_HD bool sees_one_key(std::int64_t i) const {
-    return detail::sees_one_key(i, Lk, causal, shift);
-  }
-  // -inf where the fragment's rows row0 and row0 + 8 must not see its keys (from n0).
-  template <int kNT>
-  __device__ __forceinline__ void apply(float (&s)[kNT][4], std::int64_t row0, std::int64_t n0,
-                                        int t) const {
-    mask_scores(s, row0, n0, t, Lk, causal, shift);
   }
 };
 

@@ -271,8 +271,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // s ← P∘Z (for dV), dp ← dS = P∘(Z∘dP − D).
     // Masks in 32-bit tile-local terms: key row kr = key_row0 + g + 8·hh of the block is past
     // the end when kr >= keys_left, and causally hidden from query qi when kr - qi > causal_lim.
-    const KeyMask mask{is_causal(p), Lk, causal_shift};
-    const bool need_mask = mask.tile_needs_mask<kBlockN>(m0, n0);
+    const bool need_mask =
+        (n0 + kBlockN > Lk) || (is_causal(p) && n0 + kBlockN - 1 > m0 + causal_shift);
     const int keys_left = static_cast<int>(Lk - n0 < kBlockN ? Lk - n0 : kBlockN);
     const int rows_left = static_cast<int>(Lq - m0 < kBlockM ? Lq - m0 : kBlockM);
     const std::int64_t lim64 = is_causal(p) ? m0 + causal_shift - n0 : std::int64_t{1} << 30;
@@ -299,7 +299,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         if (p.has_dropout) kbits = keep[(kb64 * kBlockM + qi) * 4 + (g >> 1)];
         // Not for a key block of a larger attention (the row may see other keys there); packed
         // calls never are one (validation), and leaving the flag out keeps them from spilling.
-        const bool zero_ds = need_mask && (kPacked || !p.kv_block) && mask.sees_one_key(m0 + qi);
+        const bool zero_ds = need_mask && (kPacked || !p.kv_block) &&
+                             sees_one_key(m0 + qi, Lk, is_causal(p), causal_shift);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = 2 * hh + e;

@@ -30,11 +30,7 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
                            bool dbias_cross_cta, cudaStream_t stream) {
   auto kernel = attention_backward_kernel<T, Tr, false>;
   static std::atomic<unsigned long long> opted_in{0};
-  once_per_device(opted_in, [&] {
-    check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
-        "cudaFuncSetAttribute(backward kernel, max dynamic shared memory)");
-  });
+  opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 backward kernel");
   BwdLaunchExtra extra = extra_in;
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
   const int heads = p.B * p.Hkv;
@@ -69,11 +65,7 @@ void launch_backward_packed(const BackwardParams& p, const BwdLaunchExtra& extra
                             cudaStream_t stream) {
   auto kernel = attention_backward_kernel<T, Tr, true>;
   static std::atomic<unsigned long long> opted_in{0};
-  once_per_device(opted_in, [&] {
-    check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
-        "cudaFuncSetAttribute(packed backward kernel, max dynamic shared memory)");
-  });
+  opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 packed backward kernel");
   BwdLaunchExtra extra = extra_in;
   if (!p.deterministic) {
     const std::int64_t tiles = varlen_tile_bound(p.total_k, p.B, p.Lk, Tr::kBlockN);

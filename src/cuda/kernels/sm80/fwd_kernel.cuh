@@ -259,10 +259,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[mt][n][r] *= p.scale;
     }
-    const KeyMask mask{is_causal(p), Lk, causal_shift};
-    if (mask.tile_needs_mask<Tr::kBlockN>(m0, n0)) {
+    const bool need_mask =
+        n0 + Tr::kBlockN > Lk || (is_causal(p) && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
+    if (need_mask) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) mask.apply(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t);
+      for (int mt = 0; mt < kMT; ++mt) {
+        mask_scores(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, Lk, is_causal(p), causal_shift);
+      }
     }
 
     // Online softmax: new row maxima, rescale O and the partial row sums, P = exp2(x·f - m·f),

@@ -20,13 +20,8 @@ namespace memeff::cuda::sm80 {
 template <class T, class Tr, bool kDropout, bool kPacked>
 void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<T, Tr, kDropout, kPacked>;
-  // The dynamic shared-memory opt-in is per device; do it once per device and kernel.
   static std::atomic<unsigned long long> opted_in{0};
-  once_per_device(opted_in, [&] {
-    check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes),
-        "cudaFuncSetAttribute(forward kernel, max dynamic shared memory)");
-  });
+  opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 forward kernel");
   dim3 grid;
   if constexpr (kPacked) {
     // Query tiles of all sequences (an upper bound from the row count, so no host read of the

@@ -404,8 +404,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     wgmma_commit();
     draw_keep(it, keep);
 
-    const KeyMask mask{causal, seq_Lk(), causal_shift};
-    const bool need_mask = mask.tile_needs_mask<kBlockN>(m0, n0);
+    const bool need_mask =
+        n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
     const std::int64_t bias_row0 = kBias ? bias_b + h * p.bias_stride.h : 0;
 
     // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked.
@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
-          if (!mask.visible(i, j)) sacc[n][r] = 0.0f;
+          if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
         }
     }
 
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (mask.sees_one_key(m0 + 8 * n + 2 * t + e)) {
+          if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
             dpacc[n][e] = 0.0f;
             dpacc[n][2 + e] = 0.0f;
           }

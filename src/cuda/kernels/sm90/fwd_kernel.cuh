@@ -308,8 +308,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) s[j][r] *= p.scale;
     }
-    const KeyMask mask{is_causal(p), seq_Lk(), causal_shift};
-    if (mask.tile_needs_mask<kBlockN>(m0, n0)) mask.apply(s, row0, n0, t);
+    const bool need_mask =
+        n0 + kBlockN > seq_Lk() || (is_causal(p) && n0 + kBlockN - 1 > m0 + causal_shift);
+    if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), is_causal(p), causal_shift);
     float sum[2];
     online_softmax_step(s, row_m, f, alpha, sum);
     row_l[0] = row_l[0] * alpha[0] + sum[0];
