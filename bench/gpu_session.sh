@@ -109,8 +109,8 @@ fi
 if [ -n "${SKIP_TUNE:-}" ]; then step "done"; exit 0; fi
 step "autotune demonstration"
 export MEMEFF_CACHE_DIR="$out/tune-cache"
-printf '%s\n' '1,4,4,32,32,64,64,none,0.1,bf16' '16,16,16,64,64,64,64,top-left,0.1,bf16' \
-  '1,8,8,2048,2048,128,128,top-left,0.1,fp32' > "$out/tune_shapes.txt"
+printf '%s\n' '1,4,4,32,32,64,64,none,0.1,bf16' '16,16,16,64,64,64,64,top_left,0.1,bf16' \
+  '1,8,8,2048,2048,128,128,top_left,0.1,fp32' > "$out/tune_shapes.txt"
 timeout 90 "$bin/tools/memeff" tune --device cuda --shapes "$out/tune_shapes.txt" 2>&1 | tee "$out/tune.log"
 "$bin/tools/memeff" tune --show 2>&1 | tee -a "$out/tune.log"
 "$bin/tools/memeff" explain --device cuda --batch 1 --heads 4 --lq 32 --lk 32 --dtype bf16 2>&1 | tee -a "$out/tune.log"

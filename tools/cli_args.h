@@ -1,13 +1,11 @@
-// Command-line parsing for the memeff program: a small table-driven flag parser (every command
-// declares its flags with help text, so `--help` and the errors come from one place) and the
-// value parsers shared by the subcommands (shapes, dtypes, causal modes, bias patterns, ranges).
-// A bad flag or value throws UsageError (the program exits with status 2).
+// The command-line vocabulary of the memeff program, on CLI11: checks that turn a flag's text
+// into a value or an error naming the flag and what it expects, the values the commands share
+// (shape, dtype, causal mode, device, bias pattern, index range) and the compact shape lines.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
-#include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,60 +15,82 @@
 
 namespace memeff::cli {
 
-// A malformed command line: the message names the flag; main prints it and exits with 2.
-class UsageError : public std::runtime_error {
+// A command line that parses but does not hold together (--kv-seqlens without --seqlens, a
+// shape file's bad line): the message names the flag. A CLI::ParseError, so it exits with 2 as
+// CLI11's own errors do.
+class UsageError : public CLI::ValidationError {
  public:
-  using std::runtime_error::runtime_error;
+  explicit UsageError(const std::string& message) : CLI::ValidationError(message) {}
 };
 
-// --help was given: the parser printed the help text; main exits with 0.
-struct HelpShown {};
+// Checks of an option's text. The message says what was expected and what came ("expected an
+// integer >= 1, got 0"); CLI11 puts the option's name in front of it.
+CLI::Validator integer(std::int64_t min_value, std::int64_t max_value = INT64_MAX);  // to decimal
+CLI::Validator unsigned64();  // decimal or 0x hex, rewritten to decimal
+CLI::Validator finite_number();
+CLI::Validator probability();  // [0, 1)
+// An option whose text `check` accepts (and may rewrite) before CLI11 converts it into `target`;
+// shown as `metavar`.
+template <class Target>
+CLI::Option* add_checked(CLI::App& app, const std::string& name, Target& target,
+                         const std::string& metavar, const CLI::Validator& check,
+                         const std::string& help) {
+  return app.add_option(name, target, help)->type_name(metavar)->transform(check);
+}
 
-struct FlagSpec {
-  std::string name;     // "--batch"
-  std::string metavar;  // "N" ("" for a switch that takes no value)
-  std::string help;
-  // Called with the value ("" for a switch). Several values when `multi` is set.
-  std::function<void(const std::string& value)> set;
-  bool multi = false;  // takes every following argument up to the next flag (--shapes a b c)
-};
+// Accepts what `from_text` parses (a function returning std::optional): "expected <what>, got `x`".
+template <class FromText>
+CLI::Validator parses_as(FromText from_text, std::string what) {
+  return CLI::Validator(
+      [from_text, what](std::string& text) {
+        return from_text(text) ? std::string() : "expected " + what + ", got `" + text + "`";
+      },
+      "");
+}
 
-class FlagParser {
- public:
-  FlagParser(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
+// An option whose text `from_text` turns into the value (nullopt: the text is not one, and the
+// error says it expected `what`). `target` must outlive the parse.
+template <class Target, class FromText>
+CLI::Option* add_value(CLI::App& app, const std::string& name, Target& target, FromText from_text,
+                       const std::string& what, const std::string& metavar,
+                       const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          name, [&target, from_text](const std::string& text) { target = *from_text(text); }, help)
+      ->check(parses_as(from_text, what))
+      ->type_name(metavar);
+}
 
-  void add(FlagSpec spec) { flags_.push_back(std::move(spec)); }
-  void add_section(std::string text) { sections_.push_back(std::move(text)); }
-  // Positional arguments are refused unless this is set.
-  void allow_positional(std::string metavar) { positional_metavar_ = std::move(metavar); }
+// "a, b or c"; "a|b|c" for a metavar.
+std::string spelled_list(const std::vector<std::string>& names);
+std::string metavar_of(const std::vector<std::string>& names);
 
-  // Parses args (without the program and command names). Prints help to stdout and throws
-  // HelpShown on --help/-h; throws UsageError on an unknown flag or a missing value.
-  std::vector<std::string> parse(const std::vector<std::string>& args) const;
-  std::string help() const;
+// An option whose value is one of `names`, kept as the name (for choices the program tells
+// apart by name: --format text|bits|npy).
+CLI::Option* add_name(CLI::App& app, const std::string& name, std::string& target,
+                      const std::vector<std::string>& names, const std::string& help);
 
- private:
-  std::string command_, summary_;
-  std::vector<FlagSpec> flags_;
-  std::vector<std::string> sections_;
-  std::string positional_metavar_;
-};
+// The values the program takes, spelled as the library spells them (causal_mode_name,
+// dtype_name): a flag and its error list exactly these.
+std::vector<std::string> causal_names();  // none, top_left, bottom_right
+// Attention data: fp32, fp16, bf16 (fp64 is the reference's own, int32 is for indices).
+std::vector<std::string> data_type_names();
+std::optional<DType> data_type_from_name(std::string_view name);
+CLI::Option* add_causal(CLI::App& app, const std::string& name, CausalMode& target,
+                        const std::string& help);
+CLI::Option* add_dtype(CLI::App& app, const std::string& name, std::optional<DType>& target,
+                       const std::string& help);
 
-// Value parsers; `flag` names the flag in the error.
-std::int64_t parse_int(const std::string& flag, const std::string& text, std::int64_t min_value = 0);
-std::uint64_t parse_u64(const std::string& flag, const std::string& text);
-double parse_double(const std::string& flag, const std::string& text);
-double parse_probability(const std::string& flag, const std::string& text);  // [0, 1)
-DType parse_dtype(const std::string& flag, const std::string& text);         // fp32 fp16 bf16
-CausalMode parse_causal(const std::string& flag, const std::string& text);   // none top-left bottom-right (0 1 2)
-const char* causal_flag_name(CausalMode mode);                               // "top-left"
+// The --device choice: auto picks cuda when the build has CUDA and a device is present.
+enum class DeviceChoice { automatic, cpu, cuda };
+CLI::Option* add_device(CLI::App& app, DeviceChoice& target, const std::string& help);
 
 // A half-open range "A:B", or "N" for the single index N.
 struct IndexRange {
   std::int64_t begin = 0, end = 0;
   std::int64_t size() const { return end - begin; }
+  static std::optional<IndexRange> from_text(std::string_view text);  // nullopt: not a range
 };
-IndexRange parse_range(const std::string& flag, const std::string& text);
 
 // Bias broadcast pattern: "none", "full" (= "bhqk"), or four characters over [B, H, Lq, Lk]
 // where each of the first three is its letter or '1' (broadcast) and the last is 'k'.
@@ -78,8 +98,20 @@ struct BiasPattern {
   bool present = false;
   bool bcast_b = false, bcast_h = false, bcast_q = false;
   std::string text() const;  // "none" or e.g. "1hqk"
+  static std::optional<BiasPattern> from_text(std::string_view text);  // nullopt: not a pattern
 };
-BiasPattern parse_bias(const std::string& flag, const std::string& text);
+
+// "L1,L2,..": comma-separated lengths >= 0 (nullopt for anything else).
+std::optional<std::vector<std::int64_t>> lengths_from_text(std::string_view text);
+
+// Packed sequences: --seqlens (the query lengths; `seqlens_help` says what the command does with
+// them) and --kv-seqlens (the key lengths, which need --seqlens).
+void add_packed_flags(CLI::App& app, std::vector<std::int64_t>& seqlens,
+                      std::vector<std::int64_t>& kv_seqlens, const std::string& seqlens_help);
+// The key lengths: --kv-seqlens, one per query length, or the query lengths themselves. Throws
+// UsageError when the counts differ.
+std::vector<std::int64_t> packed_key_lengths(const std::vector<std::int64_t>& seqlens,
+                                             const std::vector<std::int64_t>& kv_seqlens);
 
 std::vector<std::string> split(std::string_view text, char sep);
 
@@ -107,11 +139,11 @@ struct ShapeConfig {
 
 // Adds --batch --heads --kv-heads --lq --lk --head-dim --v-head-dim --dtype --causal --bias
 // --dropout --seed --offset --scale, writing into `config`.
-void add_shape_flags(FlagParser& parser, ShapeConfig& config);
+void add_shape_flags(CLI::App& app, ShapeConfig& config);
 
-// The --device choice: auto picks cuda when the build has CUDA and a device is present.
-enum class DeviceChoice { automatic, cpu, cuda };
-DeviceChoice parse_device(const std::string& flag, const std::string& text);
+// Parses `text` split at commas as the positional arguments of `fields` (an app whose positionals
+// are the fields, in order).
+void parse_fields(CLI::App& fields, std::string_view text);
 
 // One line of a `memeff tune --shapes` file: either flags ("--batch 4 --lq 1024 ...", the same
 // as `memeff run`) or the compact form B,Hq,Hkv,Lq,Lk,D,Dv,causal,dropout,dtype (trailing

@@ -1,9 +1,10 @@
-// `memeff bench`: times forward and backward on a list of shapes, the way the anchors in
-// ANCHORS.md were measured, and writes rows with the same keys as bench/torch_sdpa.py so a
-// script can join the two. GPU: device-resident inputs, the L2 flushed before every timed call
-// (a 256 MiB write, outside the timed region), CUDA events, warm-up, median. CPU: wall clock.
+// `memeff bench`: times forward and backward on a list of shapes as ANCHORS.md's were measured
+// (GPU: device-resident inputs, L2 flushed by a 256 MiB write before every timed call, CUDA
+// events, medians) and writes rows with bench/torch_sdpa.py's keys, so a script can join the two.
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,105 +25,81 @@ const char* const kAnchorShapes[] = {"32,12,512,512,64,0", "8,16,2048,2048,128,0
 // The CPU shapes of ANCHORS.md (PyTorch's CPU SDPA was measured on these).
 const char* const kCpuAnchorShapes[] = {"1,4,1024,1024,64,0", "1,8,2048,2048,64,0"};
 
+// One --shapes entry: B,H,Lq,Lk,D,causal[,Hkv], the form of the PyTorch peer script, whose causal
+// field is 0 or 1 (top_left); Hkv < H is grouped-query attention.
 struct BenchShape {
-  std::int64_t B, H, Lq, Lk, D, Hkv;
-  bool causal;
+  ShapeConfig config;
   std::string text;
 };
 
 BenchShape parse_bench_shape(const std::string& text) {
-  const std::vector<std::string> f = split(text, ',');
-  if (f.size() != 6 && f.size() != 7) {
+  const std::size_t count = split(text, ',').size();
+  if (count != 6 && count != 7) {
     throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1), got `" + text + "`");
   }
-  BenchShape s;
-  s.B = parse_int("--shapes (B)", f[0], 1);
-  s.H = parse_int("--shapes (H)", f[1], 1);
-  s.Lq = parse_int("--shapes (Lq)", f[2], 1);
-  s.Lk = parse_int("--shapes (Lk)", f[3], 1);
-  s.D = parse_int("--shapes (D)", f[4], 1);
-  if (f[5] != "0" && f[5] != "1") throw UsageError("--shapes (causal): expected 0 or 1, got `" + f[5] + "`");
-  s.causal = f[5] == "1";
-  s.Hkv = f.size() == 7 ? parse_int("--shapes (Hkv)", f[6], 1) : s.H;
-  if (s.H % s.Hkv != 0) {
-    throw UsageError("--shapes (Hkv): H = " + f[1] + " is not a multiple of Hkv = " + f[6]);
+  BenchShape s{ShapeConfig{}, text};
+  ShapeConfig& c = s.config;
+  std::string causal;
+  CLI::App fields("one --shapes entry", "--shapes");
+  fields.add_option("B", c.B)->transform(integer(1));
+  fields.add_option("H", c.Hq)->transform(integer(1));
+  fields.add_option("Lq", c.Lq)->transform(integer(1));
+  fields.add_option("Lk", c.Lk)->transform(integer(1));
+  fields.add_option("D", c.D)->transform(integer(1));
+  add_name(fields, "causal", causal, {"0", "1"}, "");
+  fields.add_option("Hkv", c.Hkv)->transform(integer(1));
+  try {
+    parse_fields(fields, text);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError("--shapes `" + text + "`: " + e.what());
   }
-  s.text = text;
+  if (c.Hq % c.hkv() != 0) {
+    throw UsageError("--shapes `" + text + "`: H = " + std::to_string(c.Hq) +
+                     " is not a multiple of Hkv = " + std::to_string(c.hkv()));
+  }
+  c.causal = causal == "1" ? CausalMode::top_left : CausalMode::none;
   return s;
 }
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-}  // namespace
-
-int bench_command(const std::vector<std::string>& argv) {
-  std::vector<std::string> shape_texts;
+struct BenchConfig {
+  std::vector<std::string> shapes;
   std::vector<double> dropouts;
   std::optional<DType> dtype;
   std::string backend, json_path;
-  DeviceChoice device_choice = DeviceChoice::automatic;
-  std::int64_t warmup = -1, iters = -1;
+  DeviceChoice device = DeviceChoice::automatic;
+  std::int64_t warmup = -1, iters = -1;  // default: by device
   std::uint64_t seed = 0;
   bool deterministic = false;
-  FlagParser p("memeff bench",
-               "Benchmarks memeff forward and backward on a list of shapes, as PyTorch's SDPA backends are\n"
-               "measured in ANCHORS.md (bench/torch_sdpa.py): FLOPs 4*B*H*Lq*Lk*D (halved when causal, causal\n"
-               "is top-left), backward 2.5x. GPU: inputs in device memory, L2 flushed before each timed call,\n"
-               "CUDA events, median. Progress on stderr, one line per row on stdout.");
-  p.add({"--shapes", "S...",
-         "shapes B,H,Lq,Lk,D,causal[,Hkv] (Hkv < H: grouped-query attention; default on cuda: the five anchor shapes of ANCHORS.md,\n"
-         "32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1\n"
-         "1,16,16384,16384,128,1; on cpu: ANCHORS.md's CPU shapes 1,4,1024,1024,64,0 1,8,2048,2048,64,0)",
-         [&](const std::string& v) { shape_texts.push_back(v); }, true});
-  p.add({"--dropout", "P...", "dropout probabilities (default 0 0.1)",
-         [&](const std::string& v) { dropouts.push_back(parse_probability("--dropout", v)); }, true});
-  p.add({"--dtype", "T", "fp16, bf16 or fp32 (default bf16 on cuda, fp32 on cpu)",
-         [&](const std::string& v) { dtype = parse_dtype("--dtype", v); }});
-  p.add({"--backend", "LIST", "comma-separated allow-list (Options::backends; default: the dispatcher's order)",
-         [&](const std::string& v) { backend = v; }});
-  p.add({"--device", "DEV", "cpu, cuda or auto (default auto)",
-         [&](const std::string& v) { device_choice = parse_device("--device", v); }});
-  p.add({"--warmup", "N", "untimed forward+backward calls per row (default 5 on cuda, 1 on cpu)",
-         [&](const std::string& v) { warmup = parse_int("--warmup", v, 0); }});
-  p.add({"--iters", "N", "timed calls per pass; the median is reported (default 20 on cuda, 3 on cpu)",
-         [&](const std::string& v) { iters = parse_int("--iters", v, 1); }});
-  p.add({"--seed", "S", "dropout seed and input seed (default 0)", [&](const std::string& v) { seed = parse_u64("--seed", v); }});
-  p.add({"--deterministic", "", "time the bitwise-repeatable backward (Options::deterministic)",
-         [&](const std::string&) { deterministic = true; }});
-  p.add({"--json", "FILE",
-         "write {\"gpu\", \"memeff\", \"rows\": [...]} with torch_sdpa.py's row keys: B H Lq Lk D causal\n"
-         "dropout dtype backend fwd_ms bwd_ms fwd_tflops bwd_tflops fwdbwd_tflops extra_mib (+ extras)",
-         [&](const std::string& v) { json_path = v; }});
-  p.add_section(
-      "extra_mib: device memory a forward+backward needs beyond q, k, v and dout: out, lse, dq, dk, dv,\n"
-      "the workspace each pass asks for (workspace_size), and any drop of cudaMemGetInfo across the first\n"
-      "calls (memory a backend allocated itself; reported separately as memgetinfo_drop_mib).");
-  p.parse(argv);
+};
 
+int bench(const BenchConfig& bc) {
   std::vector<BenchShape> shapes;
-  for (const std::string& t : shape_texts) shapes.push_back(parse_bench_shape(t));
-  if (dropouts.empty()) dropouts = {0.0, 0.1};
+  for (const std::string& t : bc.shapes) shapes.push_back(parse_bench_shape(t));
+  const std::vector<double> dropouts =
+      bc.dropouts.empty() ? std::vector<double>{0.0, 0.1} : bc.dropouts;
 
   std::string note;
-  const Device device = resolve_device(device_choice, &note);
+  const Device device = resolve_device(bc.device, &note);
   if (!note.empty()) std::fprintf(stderr, "memeff bench: %s\n", note.c_str());
   const bool gpu = device.type == DeviceType::cuda;
-  if (shape_texts.empty()) {
+  if (bc.shapes.empty()) {
     if (gpu) {
       for (const char* t : kAnchorShapes) shapes.push_back(parse_bench_shape(t));
     } else {
       for (const char* t : kCpuAnchorShapes) shapes.push_back(parse_bench_shape(t));
     }
   }
-  if (warmup < 0) warmup = gpu ? 5 : 1;
-  if (iters < 0) iters = gpu ? 20 : 3;
+  const std::int64_t warmup = bc.warmup >= 0 ? bc.warmup : gpu ? 5 : 1;
+  const std::int64_t iters = bc.iters >= 0 ? bc.iters : gpu ? 20 : 3;
   const std::string where = device_description(device);
   std::printf("# memeff %s bench on %s (%s)\n", version(), where.c_str(), gpu ? "CUDA events, L2 flushed" : "wall clock");
   std::fflush(stdout);
 
   Options options;
-  if (!backend.empty()) options.backends = split(backend, ',');
-  options.deterministic = deterministic;
+  if (!bc.backend.empty()) options.backends = split(bc.backend, ',');
+  options.deterministic = bc.deterministic;
   L2Flusher flusher(device);
   Timer timer(device);
   Json rows = Json::array();
@@ -132,36 +109,29 @@ int bench_command(const std::vector<std::string>& argv) {
   for (const BenchShape& s : shapes) {
     for (double p_drop : dropouts) {
       ++index;
-      ShapeConfig c;
-      c.B = s.B;
-      c.Hq = s.H;
-      c.Hkv = s.Hkv;
-      c.Lq = s.Lq;
-      c.Lk = s.Lk;
-      c.D = s.D;
-      c.causal = s.causal ? CausalMode::top_left : CausalMode::none;
+      ShapeConfig c = s.config;
       c.dropout = p_drop;
-      c.seed = seed;
-      c.dtype = dtype;
-      const DType dt = c.dtype_on(device.type);
-      Json row = {{"B", s.B},       {"H", s.H},           {"Hkv", s.Hkv},
-                  {"Lq", s.Lq},     {"Lk", s.Lk},         {"D", s.D},
-                  {"causal", s.causal}, {"dropout", p_drop}, {"dtype", dtype_name(dt)}};
+      c.seed = bc.seed;
+      c.dtype = bc.dtype;
+      Json row = {{"B", c.B},
+                  {"H", c.Hq},
+                  {"Hkv", c.hkv()},
+                  {"Lq", c.Lq},
+                  {"Lk", c.lk()},
+                  {"D", c.D},
+                  {"causal", c.causal != CausalMode::none},
+                  {"dropout", p_drop},
+                  {"dtype", dtype_name(c.dtype_on(device.type))}};
       char label[96];
       std::snprintf(label, sizeof label, "%-24s p=%-4g", s.text.c_str(), p_drop);
       std::fprintf(stderr, "memeff bench: [%zu/%zu] %s: preparing inputs\n", index, total, label);
       try {
-        AttentionData d = make_attention_data(c, device);
+        const AttentionData d = make_attention_data(c, device);
         const AttentionArgs args = d.args();
         const BackwardTensors grads = d.grads();
-        const std::size_t ws_f = workspace_size(args, Pass::forward, options);
-        const std::size_t ws_b = workspace_size(args, Pass::backward, options);
-        Buffer wsf(device, ws_f), wsb(device, ws_b);
-        Options fo = options, bo = options;
-        fo.workspace = wsf.data();
-        fo.workspace_bytes = ws_f;
-        bo.workspace = wsb.data();
-        bo.workspace_bytes = ws_b;
+        const Buffer ws_f(device, workspace_size(args, Pass::forward, options));
+        const Buffer ws_b(device, workspace_size(args, Pass::backward, options));
+        const Options fo = with_workspace(options, ws_f), bo = with_workspace(options, ws_b);
 
         synchronize(device);
         const std::size_t free_before = device_free_bytes(device);
@@ -190,33 +160,32 @@ int bench_command(const std::vector<std::string>& argv) {
           tb.push_back(timer.stop());
         }
         synchronize(device);
-        const double t_f = median(tf), t_b = median(tb), flops = d.forward_flops();
+        const PassRates rates(d.forward_flops(), median(tf), median(tb));
         const double outputs = static_cast<double>(d.out.bytes() + d.lse.bytes() + d.dq.bytes() + d.dk.bytes() +
                                                    d.dv.bytes());
-        const double extra = (outputs + static_cast<double>(ws_f + ws_b)) / kMiB + drop_mib;
-        const double f_tf = flops / t_f / 1e9, b_tf = 2.5 * flops / t_b / 1e9, fb_tf = 3.5 * flops / (t_f + t_b) / 1e9;
+        const double extra =
+            (outputs + static_cast<double>(ws_f.bytes() + ws_b.bytes())) / kMiB + drop_mib;
         row["backend"] = fi.backend;
-        row["fwd_ms"] = t_f;
-        row["bwd_ms"] = t_b;
-        row["fwd_tflops"] = f_tf;
-        row["bwd_tflops"] = b_tf;
-        row["fwdbwd_tflops"] = fb_tf;
+        add_rates_json(row, rates, "fwdbwd_tflops");
         row["extra_mib"] = extra;
         row["backend_backward"] = bi.backend;
         row["p_effective"] = fi.p_effective;
-        row["workspace_fwd_mib"] = static_cast<double>(ws_f) / kMiB;
-        row["workspace_bwd_mib"] = static_cast<double>(ws_b) / kMiB;
+        row["workspace_fwd_mib"] = static_cast<double>(ws_f.bytes()) / kMiB;
+        row["workspace_bwd_mib"] = static_cast<double>(ws_b.bytes()) / kMiB;
         row["memgetinfo_drop_mib"] = drop_mib;
         row["iters"] = iters;
         row["library"] = "memeff";
-        row["deterministic"] = deterministic;
-        std::printf("%s %-10s fwd %8.3f ms %7.3g  bwd %8.3f ms %7.3g  fwd+bwd %7.3g TFLOP/s  extra %8.1f MiB\n", label,
-                    fi.backend.c_str(), t_f, f_tf, t_b, b_tf, fb_tf, extra);
+        row["deterministic"] = bc.deterministic;
+        std::printf(
+            "%s %-10s fwd %8.3f ms %7.3g  bwd %8.3f ms %7.3g  fwd+bwd %7.3g TFLOP/s  extra %8.1f "
+            "MiB\n",
+            label, fi.backend.c_str(), rates.fwd_ms, rates.fwd_tflops, rates.bwd_ms,
+            rates.bwd_tflops, rates.fwdbwd_tflops, extra);
       } catch (const Error& e) {
         ++failures;
         std::string first_line = e.what();
         first_line = first_line.substr(0, first_line.find('\n'));
-        row["backend"] = backend.empty() ? "memeff" : backend;
+        row["backend"] = bc.backend.empty() ? "memeff" : bc.backend;
         row["error"] = first_line;
         row["library"] = "memeff";
         std::printf("%s unsupported or failed: %s\n", label, first_line.c_str());
@@ -225,14 +194,65 @@ int bench_command(const std::vector<std::string>& argv) {
       rows.push_back(std::move(row));
     }
   }
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    if (!out) throw Error(ErrorCode::io_error, "--json: cannot open `" + json_path + "` for writing");
+  if (!bc.json_path.empty()) {
+    std::ofstream out(bc.json_path);
+    if (!out) {
+      throw Error(ErrorCode::io_error, "--json: cannot open `" + bc.json_path + "` for writing");
+    }
     const Json doc = {{"gpu", where}, {"memeff", version()}, {"rows", rows}};
     out << json_text(doc, 1) << "\n";
-    if (!out) throw Error(ErrorCode::io_error, "--json: writing `" + json_path + "` failed");
+    if (!out) throw Error(ErrorCode::io_error, "--json: writing `" + bc.json_path + "` failed");
   }
   return failures ? 1 : 0;  // the JSON and every other row are still written
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& program) {
+  auto bc = std::make_shared<BenchConfig>();
+  CLI::App* app = program.add_subcommand(
+      "bench", R"(benchmark forward/backward on a list of shapes (GPU: CUDA events, L2 flushed)
+
+Benchmarks memeff forward and backward on a list of shapes, as PyTorch's SDPA backends are
+measured in ANCHORS.md (bench/torch_sdpa.py). FLOPs: )" +
+                   flops_help() + R"(,
+causal is top_left. GPU: inputs in device memory, L2 flushed before each timed call, CUDA
+events, median. Progress on stderr, one line per row on stdout.
+)");
+  app->add_option(
+         "--shapes", bc->shapes,
+         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1; Hkv < H: grouped-query attention;\n"
+         "default on cuda: the five anchor shapes of ANCHORS.md,\n"
+         "32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1\n"
+         "1,16,16384,16384,128,1; on cpu: ANCHORS.md's CPU shapes 1,4,1024,1024,64,0 "
+         "1,8,2048,2048,64,0)")
+      ->type_name("S");
+  add_checked(*app, "--dropout", bc->dropouts, "P", probability(),
+              "dropout probabilities (default 0 0.1)");
+  add_dtype(*app, "--dtype", bc->dtype, "element type (default bf16 on cuda, fp32 on cpu)");
+  app->add_option("--backend", bc->backend,
+                  "comma-separated allow-list (Options::backends; default: the dispatcher's order)")
+      ->type_name("LIST");
+  add_device(*app, bc->device, "default auto");
+  add_checked(*app, "--warmup", bc->warmup, "N", integer(0),
+              "untimed forward+backward calls per row (default 5 on cuda, 1 on cpu)");
+  add_checked(*app, "--iters", bc->iters, "N", integer(1),
+              "timed calls per pass; the median is reported (default 20 on cuda, 3 on cpu)");
+  add_checked(*app, "--seed", bc->seed, "S", unsigned64(),
+              "dropout seed and input seed (default 0)");
+  app->add_flag("--deterministic", bc->deterministic,
+                "time the bitwise-repeatable backward (Options::deterministic)");
+  app->add_option("--json", bc->json_path,
+                  "write {\"gpu\", \"memeff\", \"rows\": [...]} with torch_sdpa.py's row keys: B H "
+                  "Lq Lk D causal\n"
+                  "dropout dtype backend fwd_ms bwd_ms fwd_tflops bwd_tflops fwdbwd_tflops "
+                  "extra_mib (+ extras)")
+      ->type_name("FILE");
+  app->footer(
+      R"(extra_mib: device memory a forward+backward needs beyond q, k, v and dout: out, lse, dq, dk, dv,
+the workspace each pass asks for (workspace_size), and any drop of cudaMemGetInfo across the first
+calls (memory a backend allocated itself; reported separately as memgetinfo_drop_mib).)");
+  return {app, [bc](const std::vector<std::string>&) { return bench(*bc); }};
 }
 
 }  // namespace memeff::cli

@@ -1,7 +1,6 @@
-// `memeff run --context-parallel N` (see cli_context_parallel.h). The whole problem's inputs are
-// made exactly as `memeff run` makes them (same seeds), cut into each rank's rows with the ring's
-// Partition, run through ring_forward/ring_backward, and every rank's out, lse, dq, dk, dv (and
-// dbias) is compared with the same rows of the single-device run on the same backends.
+// `memeff run --context-parallel N` (see cli_context_parallel.h): the inputs of `memeff run` (same
+// seeds), cut into each rank's rows with the ring's Partition and run through ring_forward and
+// ring_backward; every rank's outputs are compared with the same rows of the single-device run.
 #include "cli_context_parallel.h"
 
 #include <spawn.h>
@@ -11,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -113,10 +114,13 @@ cp::ContextParallelArgs rank_args(const ShapeConfig& c, const RankTensors& t, co
 }
 
 BackwardTensors rank_grads(const ShapeConfig& c, const RankTensors& t) {
-  BackwardTensors g{t.dout.view(), t.out.view(), t.lse.view(), t.dq.view(),
-                    t.dk.view(),   t.dv.view(),  std::nullopt};
-  if (c.bias.present) g.dbias = t.dbias.view();
-  return g;
+  return {t.dout.view(),
+          t.out.view(),
+          t.lse.view(),
+          t.dq.view(),
+          t.dk.view(),
+          t.dv.view(),
+          c.bias.present ? std::optional(t.dbias.view()) : std::nullopt};
 }
 
 // One rank's ring pass pair, timed (wall clock on the host, CUDA events on a GPU).
@@ -128,19 +132,16 @@ struct RankResult {
 RankResult run_rank(const cp::ContextParallelArgs& args, const BackwardTensors& g,
                     cp::Transport& transport, const Options& options, Device device) {
   RankResult r;
-  Options fo = options, bo = options;
-  Buffer ws_f(device, cp::ring_workspace_size(args, Pass::forward, transport.rank(), options));
-  Buffer ws_b(device, cp::ring_workspace_size(args, Pass::backward, transport.rank(), options));
-  fo.workspace = ws_f.data();
-  fo.workspace_bytes = ws_f.bytes();
-  bo.workspace = ws_b.data();
-  bo.workspace_bytes = ws_b.bytes();
+  const Buffer ws_f(device,
+                    cp::ring_workspace_size(args, Pass::forward, transport.rank(), options));
+  const Buffer ws_b(device,
+                    cp::ring_workspace_size(args, Pass::backward, transport.rank(), options));
   Timer timer(device);
   timer.start();
-  r.fwd = cp::ring_forward(args, g.out, g.lse, transport, fo);
+  r.fwd = cp::ring_forward(args, g.out, g.lse, transport, with_workspace(options, ws_f));
   r.fwd_ms = timer.stop();
   timer.start();
-  r.bwd = cp::ring_backward(args, g, transport, bo);
+  r.bwd = cp::ring_backward(args, g, transport, with_workspace(options, ws_b));
   r.bwd_ms = timer.stop();
   synchronize(device);
   return r;
@@ -397,11 +398,19 @@ std::optional<LaunchEnv> launch_env() {
     throw UsageError(std::string("RANK and WORLD_SIZE go together (torchrun style); only ") +
                      (rank ? "RANK" : "WORLD_SIZE") + " is set");
   }
+  // A variable's value, checked as the flags' integers are.
+  auto number = [](const char* name, const char* value, int min_value) {
+    std::string text = value;
+    if (std::string error = integer(min_value, INT_MAX)(text); !error.empty()) {
+      throw UsageError(std::string(name) + ": " + error);
+    }
+    return std::stoi(text);
+  };
   LaunchEnv e;
-  e.rank = static_cast<int>(parse_int("RANK", rank, 0));
-  e.world = static_cast<int>(parse_int("WORLD_SIZE", world, 1));
+  e.rank = number("RANK", rank, 0);
+  e.world = number("WORLD_SIZE", world, 1);
   const char* local = std::getenv("LOCAL_RANK");
-  e.local_rank = local ? static_cast<int>(parse_int("LOCAL_RANK", local, 0)) : e.rank;
+  e.local_rank = local ? number("LOCAL_RANK", local, 0) : e.rank;
   if (e.rank >= e.world) {
     throw UsageError("RANK=" + std::to_string(e.rank) +
                      " is not below WORLD_SIZE=" + std::to_string(e.world));
@@ -579,21 +588,14 @@ int run_context_parallel(const ContextParallelRun& run) {
   c.check();
   if (run.ranks < 1) throw UsageError("--context-parallel: expected N >= 1 ranks");
   if (c.causal == CausalMode::bottom_right && c.Lq != c.lk()) {
-    throw UsageError(
-        "--causal bottom-right with --context-parallel needs Lq = Lk (a square "
-        "attention, where it is top-left); got Lq = " +
-        std::to_string(c.Lq) + ", Lk = " + std::to_string(c.lk()));
+    throw UsageError(std::string("--causal ") + causal_mode_name(c.causal) +
+                     " with --context-parallel needs Lq = Lk (a square attention, where it is " +
+                     causal_mode_name(CausalMode::top_left) +
+                     "); got Lq = " + std::to_string(c.Lq) + ", Lk = " + std::to_string(c.lk()));
   }
-  cp::Layout layout = cp::default_layout(c.causal);
-  if (run.layout == "contiguous") {
-    layout = cp::Layout::contiguous;
-  } else if (run.layout == "zigzag") {
-    layout = cp::Layout::zigzag;
-  } else if (run.layout != "auto") {
-    throw UsageError("--cp-layout: expected auto, contiguous or zigzag, got `" + run.layout + "`");
-  }
-  if (run.transport != "auto" && run.transport != "local" && run.transport != "nccl") {
-    throw UsageError("--cp-transport: expected auto, local or nccl, got `" + run.transport + "`");
+  cp::Layout layout = cp::default_layout(c.causal);  // "auto"
+  for (cp::Layout named : {cp::Layout::contiguous, cp::Layout::zigzag}) {
+    if (run.layout == cp::layout_name(named)) layout = named;
   }
   // On a GPU every chunk starts on the dropout map's 64-key blocks: the fused kernels take block
   // calls with dropout only there (elsewhere they would fall to cuda_math). The CPU keeps the

@@ -133,29 +133,25 @@ void Buffer::release() noexcept {
 
 void Buffer::upload(const void* host, std::size_t bytes) {
   if (bytes > bytes_) throw Error(ErrorCode::internal, "Buffer::upload: more bytes than the buffer holds");
-  if (bytes == 0) return;
-  if (device_.type == DeviceType::cpu) {
-    std::memcpy(data_, host, bytes);
-    return;
-  }
-#if defined(MEMEFF_WITH_CUDA)
-  set_device(device_);
-  CLI_CUDA(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice));
-#else
-  no_cuda("cudaMemcpy");
-#endif
+  copy(data_, host, bytes, /*to_device=*/true);
 }
 
 void Buffer::download(void* host, std::size_t bytes) const {
   if (bytes > bytes_) throw Error(ErrorCode::internal, "Buffer::download: more bytes than the buffer holds");
+  copy(host, data_, bytes, /*to_device=*/false);
+}
+
+void Buffer::copy(void* to, const void* from, std::size_t bytes,
+                  [[maybe_unused]] bool to_device) const {
   if (bytes == 0) return;
   if (device_.type == DeviceType::cpu) {
-    std::memcpy(host, data_, bytes);
+    std::memcpy(to, from, bytes);
     return;
   }
 #if defined(MEMEFF_WITH_CUDA)
   set_device(device_);
-  CLI_CUDA(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost));
+  CLI_CUDA(
+      cudaMemcpy(to, from, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
 #else
   no_cuda("cudaMemcpy");
 #endif

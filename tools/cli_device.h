@@ -1,7 +1,6 @@
-// Device memory, timing and device discovery for the memeff program: one small interface over
-// host memory (std::chrono timing) and CUDA memory (cudaMalloc, CUDA events), so the commands
-// are written once for both. Compiled against the CUDA runtime only when MEMEFF_WITH_CUDA is
-// defined; without it, asking for a CUDA device throws memeff::Error.
+// Device memory, timing and device discovery for the memeff program: one interface over host
+// memory (std::chrono timing) and CUDA memory (cudaMalloc, CUDA events), so the commands are
+// written once for both. Without MEMEFF_WITH_CUDA, asking for a CUDA device throws memeff::Error.
 #pragma once
 
 #include <chrono>
@@ -44,6 +43,8 @@ class Buffer {
 
  private:
   void release() noexcept;
+  // Copies between host memory and this buffer's memory (`to_device`: host to buffer).
+  void copy(void* to, const void* from, std::size_t bytes, bool to_device) const;
   Device device_{};
   void* data_ = nullptr;
   std::size_t bytes_ = 0;

@@ -3,6 +3,8 @@
 // Both are thin layers over memeff::explain and Options::autotune (include/memeff/dispatch.h).
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,11 +21,11 @@ namespace {
 
 enum class PassChoice { forward, backward, both };
 
-PassChoice parse_pass(const std::string& flag, const std::string& v) {
-  if (v == "forward" || v == "fwd") return PassChoice::forward;
-  if (v == "backward" || v == "bwd") return PassChoice::backward;
-  if (v == "both") return PassChoice::both;
-  throw UsageError(flag + ": expected forward, backward or both, got `" + v + "`");
+std::optional<PassChoice> pass_from_name(std::string_view name) {
+  if (name == "forward") return PassChoice::forward;
+  if (name == "backward") return PassChoice::backward;
+  if (name == "both") return PassChoice::both;
+  return std::nullopt;
 }
 
 // Views for explain(): it validates and decides without touching data, so the views point at a
@@ -45,17 +47,8 @@ AttentionArgs placeholder_args(const ShapeConfig& c, Device device) {
     }
     return v;
   };
-  AttentionArgs a;
-  a.q = view(0, {c.B, c.Hq, c.Lq, c.D});
-  a.k = view(1, {c.B, c.hkv(), c.lk(), c.D});
-  a.v = view(2, {c.B, c.hkv(), c.lk(), c.dv()});
-  if (c.bias.present) a.bias = view(3, bias_dims(c));
-  a.scale = c.scale;
-  a.causal = c.causal;
-  a.dropout_p = c.dropout;
-  a.rng.seed = c.seed;
-  a.rng.offset = c.offset;
-  return a;
+  return make_args(c, view(0, {c.B, c.Hq, c.Lq, c.D}), view(1, {c.B, c.hkv(), c.lk(), c.D}),
+                   view(2, {c.B, c.hkv(), c.lk(), c.dv()}), view(3, bias_dims(c)));
 }
 
 void progress_bar(std::size_t done, std::size_t total, const std::string& what) {
@@ -67,83 +60,54 @@ void progress_bar(std::size_t done, std::size_t total, const std::string& what) 
   std::fflush(stderr);
 }
 
-}  // namespace
-
-int explain_command(const std::vector<std::string>& argv) {
+struct ExplainConfig {
   ShapeConfig shape;
-  DeviceChoice device_choice = DeviceChoice::automatic;
+  DeviceChoice device = DeviceChoice::automatic;
   std::string backends;
   PassChoice pass = PassChoice::both;
   bool json = false, autotune = false;
-  FlagParser p("memeff explain",
-               "Shows the dispatcher's decision for a shape without running it: the priority order and\n"
-               "where it came from, every backend with the reasons it cannot run the call, the choice and\n"
-               "why (priority, heuristic, user restriction or autotune result). Shape flags as `memeff run`.");
-  p.add({"--device", "DEV", "cpu, cuda or auto (default auto). cuda is explained even with no GPU present",
-         [&](const std::string& v) { device_choice = parse_device("--device", v); }});
-  p.add({"--backend", "LIST", "comma-separated allow-list in priority order (Options::backends), e.g. cuda,cuda_math",
-         [&](const std::string& v) { backends = v; }});
-  add_shape_flags(p, shape);
-  p.add({"--pass", "P", "forward, backward or both (default both)", [&](const std::string& v) { pass = parse_pass("--pass", v); }});
-  p.add({"--autotune", "", "explain as a call with Options::autotune = true (shows remembered results)",
-         [&](const std::string&) { autotune = true; }});
-  p.add({"--json", "", "print JSON ({\"forward\": ..., \"backward\": ...})", [&](const std::string&) { json = true; }});
-  p.parse(argv);
-  shape.check();
+};
 
+int explain_shape(const ExplainConfig& ec) {
+  ec.shape.check();
   // explain never touches the device, so `--device cuda` works on a machine without one.
-  const Device device = device_choice == DeviceChoice::cpu    ? Device::cpu()
-                        : device_choice == DeviceChoice::cuda ? Device::cuda(0)
-                                                              : resolve_device(DeviceChoice::automatic, nullptr);
-  const AttentionArgs args = placeholder_args(shape, device);
+  const Device device = ec.device == DeviceChoice::cpu ? Device::cpu()
+                        : ec.device == DeviceChoice::cuda
+                            ? Device::cuda(0)
+                            : resolve_device(DeviceChoice::automatic, nullptr);
+  const AttentionArgs args = placeholder_args(ec.shape, device);
   Options options;
-  if (!backends.empty()) options.backends = split(backends, ',');
-  if (autotune) options.autotune = true;
+  if (!ec.backends.empty()) options.backends = split(ec.backends, ',');
+  options.autotune = ec.autotune;
 
   std::vector<std::pair<const char*, Pass>> passes;
-  if (pass != PassChoice::backward) passes.emplace_back("forward", Pass::forward);
-  if (pass != PassChoice::forward) passes.emplace_back("backward", Pass::backward);
+  if (ec.pass != PassChoice::backward) passes.emplace_back("forward", Pass::forward);
+  if (ec.pass != PassChoice::forward) passes.emplace_back("backward", Pass::backward);
   Json j = Json::object();
   for (const auto& [name, which] : passes) {
     const Explanation ex = explain(args, which, options);
-    if (json) {
+    if (ec.json) {
       j[name] = Json::parse(ex.to_json());
     } else {
       std::printf("== %s ==\n%s", name, ex.to_string().c_str());
       if (!ex.to_string().empty() && ex.to_string().back() != '\n') std::printf("\n");
     }
   }
-  if (json) std::printf("%s\n", json_text(j).c_str());
+  if (ec.json) std::printf("%s\n", json_text(j).c_str());
   return 0;
 }
 
-int tune_command(const std::vector<std::string>& argv) {
+struct TuneConfig {
   std::string shapes_file, backends;
-  DeviceChoice device_choice = DeviceChoice::automatic;
+  DeviceChoice device = DeviceChoice::automatic;
   bool show = false, json = false;
-  FlagParser p("memeff tune",
-               "Autotunes shapes ahead of time: for each shape, runs forward and backward once with\n"
-               "Options::autotune = true, so the dispatcher times every eligible backend and remembers the\n"
-               "fastest in memory and in the cache file ($MEMEFF_CACHE_DIR/autotune.json, else the XDG\n"
-               "cache directory). Later calls with the same key (and MEMEFF_AUTOTUNE=1 or the option) reuse it.");
-  p.add({"--shapes", "FILE",
-         "shapes to tune, one a line ('#' comments and blank lines skipped), either flags as for\n"
-         "`memeff run` (--batch 8 --heads 16 --lq 2048 --head-dim 128 --dropout 0.1 ...) or\n"
-         "B,Hq,Hkv,Lq,Lk,D[,Dv[,causal[,dropout[,dtype]]]] (causal none|top-left|bottom-right or 0|1|2)",
-         [&](const std::string& v) { shapes_file = v; }});
-  p.add({"--device", "DEV", "cpu, cuda or auto (default auto)",
-         [&](const std::string& v) { device_choice = parse_device("--device", v); }});
-  p.add({"--backend", "LIST", "comma-separated candidates (Options::backends; default: every eligible one)",
-         [&](const std::string& v) { backends = v; }});
-  p.add({"--show", "", "print the remembered decisions and the cache file path, then exit",
-         [&](const std::string&) { show = true; }});
-  p.add({"--json", "", "with --show: print JSON", [&](const std::string&) { json = true; }});
-  p.parse(argv);
+};
 
-  if (show) {
+int tune(const TuneConfig& tc) {
+  if (tc.show) {
     const std::vector<TuneEntry> entries = autotune_entries();
     const std::string path = autotune_cache_path();
-    if (json) {
+    if (tc.json) {
       Json rows = Json::array();
       for (const TuneEntry& e : entries) {
         Json cands = Json::array();
@@ -169,24 +133,24 @@ int tune_command(const std::vector<std::string>& argv) {
     }
     return 0;
   }
-  if (shapes_file.empty()) throw UsageError("`memeff tune`: give --shapes FILE (or --show)");
+  if (tc.shapes_file.empty()) throw UsageError("`memeff tune`: give --shapes FILE (or --show)");
 
-  std::ifstream in(shapes_file);
-  if (!in) throw Error(ErrorCode::io_error, "--shapes: cannot read `" + shapes_file + "`");
+  std::ifstream in(tc.shapes_file);
+  if (!in) throw Error(ErrorCode::io_error, "--shapes: cannot read `" + tc.shapes_file + "`");
   std::vector<ShapeConfig> shapes;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     const auto first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] == '#') continue;
-    shapes.push_back(parse_shape_line(line, shapes_file + ":" + std::to_string(number)));
+    shapes.push_back(parse_shape_line(line, tc.shapes_file + ":" + std::to_string(number)));
   }
-  if (shapes.empty()) throw UsageError("--shapes: `" + shapes_file + "` holds no shape");
+  if (shapes.empty()) throw UsageError("--shapes: `" + tc.shapes_file + "` holds no shape");
 
   std::string note;
-  const Device device = resolve_device(device_choice, &note);
+  const Device device = resolve_device(tc.device, &note);
   if (!note.empty()) std::fprintf(stderr, "memeff tune: %s\n", note.c_str());
   Options options;
-  if (!backends.empty()) options.backends = split(backends, ',');
+  if (!tc.backends.empty()) options.backends = split(tc.backends, ',');
   options.autotune = true;
 
   std::vector<std::string> results;
@@ -212,6 +176,58 @@ int tune_command(const std::vector<std::string>& argv) {
   for (const std::string& r : results) std::printf("%s\n", r.c_str());
   std::printf("cache file: %s\n", autotune_cache_path().c_str());
   return failures ? 1 : 0;
+}
+
+}  // namespace
+
+Command add_explain_command(CLI::App& program) {
+  auto ec = std::make_shared<ExplainConfig>();
+  CLI::App* app = program.add_subcommand(
+      "explain", R"(show which backend the dispatcher picks for a shape, and why
+
+Shows the dispatcher's decision for a shape without running it: the priority order and
+where it came from, every backend with the reasons it cannot run the call, the choice and
+why (priority, heuristic, user restriction or autotune result). Shape flags as `memeff run`.
+)");
+  add_device(*app, ec->device, "default auto. cuda is explained even with no GPU present");
+  app->add_option(
+         "--backend", ec->backends,
+         "comma-separated allow-list in priority order (Options::backends), e.g. cuda,cuda_math")
+      ->type_name("LIST");
+  add_shape_flags(*app, ec->shape);
+  add_value(*app, "--pass", ec->pass, pass_from_name, "forward, backward or both",
+            "forward|backward|both", "the passes to explain (default both)");
+  app->add_flag("--autotune", ec->autotune,
+                "explain as a call with Options::autotune = true (shows remembered results)");
+  app->add_flag("--json", ec->json, "print JSON ({\"forward\": ..., \"backward\": ...})");
+  return {app, [ec](const std::vector<std::string>&) { return explain_shape(*ec); }};
+}
+
+Command add_tune_command(CLI::App& program) {
+  auto tc = std::make_shared<TuneConfig>();
+  CLI::App* app = program.add_subcommand(
+      "tune", R"(autotune a list of shapes ahead of time (--shapes FILE), or --show the cache
+
+Autotunes shapes ahead of time: for each shape, runs forward and backward once with
+Options::autotune = true, so the dispatcher times every eligible backend and remembers the
+fastest in memory and in the cache file ($MEMEFF_CACHE_DIR/autotune.json, else the XDG
+cache directory). Later calls with the same key (and MEMEFF_AUTOTUNE=1 or the option) reuse it.
+)");
+  app->add_option(
+         "--shapes", tc->shapes_file,
+         "shapes to tune, one a line ('#' comments and blank lines skipped), either flags as for\n"
+         "`memeff run` (--batch 8 --heads 16 --lq 2048 --head-dim 128 --dropout 0.1 ...) or\n"
+         "B,Hq,Hkv,Lq,Lk,D[,Dv[,causal[,dropout[,dtype]]]] (causal " +
+             spelled_list(causal_names()) + ")")
+      ->type_name("FILE");
+  add_device(*app, tc->device, "default auto");
+  app->add_option("--backend", tc->backends,
+                  "comma-separated candidates (Options::backends; default: every eligible one)")
+      ->type_name("LIST");
+  app->add_flag("--show", tc->show,
+                "print the remembered decisions and the cache file path, then exit");
+  app->add_flag("--json", tc->json, "with --show: print JSON");
+  return {app, [tc](const std::vector<std::string>&) { return tune(*tc); }};
 }
 
 }  // namespace memeff::cli

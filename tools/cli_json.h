@@ -1,11 +1,13 @@
 // The memeff program's --json outputs: nlohmann::ordered_json, so keys print in the order the
-// command sets them; compact text, non-finite numbers as null, invalid UTF-8 replaced.
+// command sets them; compact text, non-finite numbers as null, invalid UTF-8 replaced; and the
+// groups of keys that more than one report writes.
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_args.h"
+#include "cli_problem.h"
 
 namespace memeff::cli {
 
@@ -26,9 +28,19 @@ inline void add_shape_json(Json& j, const ShapeConfig& c) {
   j["Lk"] = c.lk();
   j["D"] = c.D;
   j["Dv"] = c.dv();
-  j["causal"] = causal_flag_name(c.causal);
+  j["causal"] = causal_mode_name(c.causal);
   j["bias"] = c.bias.text();
   j["dropout"] = c.dropout;
+}
+
+// fwd_ms bwd_ms fwd_tflops bwd_tflops, and both passes' TFLOP/s under `fwdbwd_key` (`memeff run`
+// says "tflops", `memeff bench` the peer script's "fwdbwd_tflops").
+inline void add_rates_json(Json& j, const PassRates& r, const char* fwdbwd_key) {
+  j["fwd_ms"] = r.fwd_ms;
+  j["bwd_ms"] = r.bwd_ms;
+  j["fwd_tflops"] = r.fwd_tflops;
+  j["bwd_tflops"] = r.bwd_tflops;
+  j[fwdbwd_key] = r.fwdbwd_tflops;
 }
 
 }  // namespace memeff::cli

@@ -1,8 +1,10 @@
-// The top-level of the memeff program: picks the subcommand, and maps every outcome to the exit
-// status (0 ok; 1 a runtime error or a failed check; 2 a bad command line), so scripts and CTest
-// can rely on it.
+// The top level of the memeff program: one CLI11 app with a subcommand per command. It parses the
+// command line, runs the chosen command and maps every outcome to the exit status (0 ok; 1 a
+// runtime error or a failed check; 2 a bad command line), so scripts and CTest can rely on it.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,60 +17,76 @@ namespace memeff::cli {
 
 namespace {
 
-struct Command {
-  const char* name;
-  int (*run)(const std::vector<std::string>&);
-  const char* summary;
-};
-
-const Command kCommands[] = {
-    {"run", run_command, "forward + backward on random inputs: timings, TFLOP/s, errors vs the reference"},
-    {"mask", mask_command, "write the dropout mask of a shape (or a window of it) as text, bits or .npy"},
-    {"explain", explain_command, "show which backend the dispatcher picks for a shape, and why"},
-    {"tune", tune_command, "autotune a list of shapes ahead of time (--shapes FILE), or --show the cache"},
-    {"bench", bench_command, "benchmark forward/backward on a list of shapes (GPU: CUDA events, L2 flushed)"},
-};
-
-std::string program_help() {
-  std::string s = std::string("memeff ") + version() +
-                  ": fused scaled-dot-product attention with dropout (CPU and CUDA)\n\n"
-                  "usage: memeff <command> [flags]     memeff <command> --help\n\ncommands:\n";
-  for (const Command& c : kCommands) {
-    std::string name = std::string("  ") + c.name;
-    name.resize(12, ' ');
-    s += name + c.summary + "\n";
+// Lists each command by the first line of its description; the rest is for its own --help.
+class ProgramFormatter : public CLI::Formatter {
+ public:
+  std::string make_subcommand(const CLI::App* sub) const override {
+    const std::string& description = sub->get_description();
+    std::string line = "  " + sub->get_name();
+    line.resize(std::max(get_column_width(), line.size() + 1), ' ');
+    return line + description.substr(0, description.find('\n')) + "\n";
   }
-  s += "\nexit status: 0 success, 1 runtime error or failed check, 2 bad command line\n"
-       "environment: MEMEFF_BACKENDS (backend order), MEMEFF_AUTOTUNE=1, MEMEFF_CACHE_DIR,\n"
-       "             MEMEFF_LOG_DISPATCH=1, OMP_NUM_THREADS (CPU backends)\n";
-  return s;
+};
+
+// CLI11 keeps a command's unknown arguments (allow_extras) so that the first can be named here.
+void refuse_extras(const CLI::App& command) {
+  const std::vector<std::string> extras = command.remaining();
+  if (extras.empty()) return;
+  const std::string& arg = extras.front();
+  const std::string name = "memeff " + command.get_name();
+  const bool flag = arg.size() > 1 && arg[0] == '-';
+  throw UsageError("`" + name + "`: " + (flag ? "unknown flag `" : "unexpected argument `") +
+                   arg.substr(0, flag ? arg.find('=') : arg.npos) + "` (see `" + name +
+                   " --help`)");
 }
 
 }  // namespace
 
 int main_program(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  CLI::App program(std::string("memeff ") + version() +
+                       ": fused scaled-dot-product attention with dropout (CPU and CUDA)",
+                   "memeff");
+  program.formatter(std::make_shared<ProgramFormatter>());  // before the subcommands, which copy it
+  program.set_version_flag("--version", std::string("memeff ") + version());
+  program.require_subcommand(1);
+  program.footer(
+      "exit status: 0 success, 1 runtime error or failed check, 2 bad command line\n"
+      "environment: MEMEFF_BACKENDS (backend order), MEMEFF_AUTOTUNE=1, MEMEFF_CACHE_DIR,\n"
+      "             MEMEFF_LOG_DISPATCH=1, OMP_NUM_THREADS (CPU backends)");
+  const Command commands[] = {add_run_command(program), add_mask_command(program),
+                              add_explain_command(program), add_tune_command(program),
+                              add_bench_command(program)};
+  std::string names;
+  for (const Command& c : commands) {
+    c.app->allow_extras();  // kept for refuse_extras, which names the first
+    names += (names.empty() ? "" : ", ") + c.app->get_name();
+  }
   try {
     if (args.empty()) {
-      std::fputs(program_help().c_str(), stderr);
-      throw UsageError("missing command (run, mask, explain, tune, bench)");
+      std::fputs(program.help().c_str(), stderr);
+      throw UsageError("missing command (" + names + ")");
     }
-    const std::string name = args[0];
-    if (name == "--help" || name == "-h" || name == "help") {
-      std::fputs(program_help().c_str(), stdout);
-      return 0;
+    const bool known = std::any_of(std::begin(commands), std::end(commands),
+                                   [&](const Command& c) { return c.app->get_name() == args[0]; });
+    if (!known && args[0][0] != '-') {
+      throw UsageError("unknown command `" + args[0] + "` (commands: " + names +
+                       "; see memeff --help)");
     }
-    if (name == "--version" || name == "version") {
-      std::printf("memeff %s\n", version());
-      return 0;
+    program.parse(argc, argv);
+    for (const Command& c : commands) {
+      if (!c.app->parsed()) continue;
+      refuse_extras(*c.app);
+      return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
     }
-    for (const Command& c : kCommands) {
-      if (name == c.name) return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
-    }
-    throw UsageError("unknown command `" + name + "` (commands: run, mask, explain, tune, bench; see memeff --help)");
-  } catch (const HelpShown&) {
+    throw UsageError("missing command (" + names + ")");
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(program.help().c_str(), stdout);  // the chosen command's help, if there is one
     return 0;
-  } catch (const UsageError& e) {
+  } catch (const CLI::CallForVersion& e) {
+    std::printf("%s\n", e.what());
+    return 0;
+  } catch (const CLI::ParseError& e) {  // UsageError too
     std::fflush(stdout);
     std::fprintf(stderr, "memeff: error: %s\n", e.what());
     return 2;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,16 +28,10 @@ struct MaskConfig {
   std::optional<IndexRange> b, h, rows, cols;
   std::string format = "text";
   std::string out = "-";
-  bool header = true;
+  bool no_header = false;
   // Packed sequences: sequence s is batch s, with its own lengths (empty: a dense batch).
   std::vector<std::int64_t> seqlens, kv_seqlens;
 };
-
-std::vector<std::int64_t> parse_lengths(const std::string& flag, const std::string& text) {
-  std::vector<std::int64_t> out;
-  for (const std::string& part : split(text, ',')) out.push_back(parse_int(flag, part, 0));
-  return out;
-}
 
 // Elements per chunk: 16 Mi keeps the buffer at 16 MiB whatever the window.
 constexpr std::int64_t kChunkElements = std::int64_t{1} << 24;
@@ -105,65 +100,10 @@ std::string npy_header(const std::vector<std::int64_t>& dims) {
   return h + dict;
 }
 
-}  // namespace
-
-int mask_command(const std::vector<std::string>& argv) {
-  MaskConfig mc;
-  FlagParser p("memeff mask",
-               "Writes the dropout keep mask (1 = kept, 0 = dropped) of attention with these sizes and RNG\n"
-               "state: exactly the mask every memeff backend applies, in forward and backward. Elements are\n"
-               "(batch b, query head h, query row i, key column j); the mask of head h of batch b is keyed\n"
-               "by b*heads + h (docs/dropout.md). Streams in chunks, so any size works.");
-  auto int_flag = [&p](const char* name, std::int64_t* target, std::int64_t min_value, const char* help) {
-    p.add({name, "N", help, [=](const std::string& v) { *target = parse_int(name, v, min_value); }});
-  };
-  int_flag("--batch", &mc.B, 0, "batch size B (default 2)");
-  int_flag("--heads", &mc.H, 1, "query heads Hq of the call (default 8)");
-  int_flag("--lq", &mc.Lq, 0, "query length (default 512)");
-  p.add({"--lk", "N", "key length (default Lq)", [&mc](const std::string& v) { mc.Lk = parse_int("--lk", v, 0); }});
-  p.add({"--dropout", "P", "dropout probability in [0, 1) (default 0.1)",
-         [&mc](const std::string& v) { mc.dropout = parse_probability("--dropout", v); }});
-  p.add({"--seed", "S", "seed (default 0)", [&mc](const std::string& v) { mc.seed = parse_u64("--seed", v); }});
-  p.add({"--offset", "O", "offset (default 0)", [&mc](const std::string& v) { mc.offset = parse_u64("--offset", v); }});
-  p.add({"--b", "A:B", "batches of the window (N or A:B, half-open; default all)",
-         [&mc](const std::string& v) { mc.b = parse_range("--b", v); }});
-  p.add({"--h", "A:B", "heads of the window (default all)", [&mc](const std::string& v) { mc.h = parse_range("--h", v); }});
-  p.add({"--rows", "A:B", "query rows of the window (default all)",
-         [&mc](const std::string& v) { mc.rows = parse_range("--rows", v); }});
-  p.add({"--cols", "A:B", "key columns of the window (default all)",
-         [&mc](const std::string& v) { mc.cols = parse_range("--cols", v); }});
-  p.add({"--format", "F",
-         "text (default): one line of 0/1 per row, a '#' line before each head;\n"
-         "bits: raw little-endian uint64 words, ceil(cols/64) per row, bit c%64 of word c/64 = column c;\n"
-         "npy: a NumPy uint8 array [batches, heads, rows, cols]",
-         [&mc](const std::string& v) {
-           if (v != "text" && v != "bits" && v != "npy") {
-             throw UsageError("--format: expected text, bits or npy, got `" + v + "`");
-           }
-           mc.format = v;
-         }});
-  p.add({"--out", "FILE", "output file (default - : stdout)", [&mc](const std::string& v) { mc.out = v; }});
-  p.add({"--no-header", "", "text format: no '#' lines", [&mc](const std::string&) { mc.header = false; }});
-  p.add({"--seqlens", "L1,L2,..",
-         "packed sequences of these query lengths: sequence s draws batch s's mask over its own\n"
-         "rows and columns (B is the number of sequences; npy needs one sequence, --b S)",
-         [&mc](const std::string& v) { mc.seqlens = parse_lengths("--seqlens", v); }});
-  p.add({"--kv-seqlens", "L1,L2,..", "key lengths of the packed sequences (default the query lengths)",
-         [&mc](const std::string& v) { mc.kv_seqlens = parse_lengths("--kv-seqlens", v); }});
-  p.add_section(
-      "example: memeff mask --lq 4 --lk 64 --batch 1 --heads 1 --dropout 0.5 --seed 7\n"
-      "         memeff mask --batch 8 --heads 16 --lq 2048 --b 3 --h 5 --rows 100:102 --format npy --out m.npy");
-  p.parse(argv);
-
+int write_mask(MaskConfig mc) {
   const bool packed = !mc.seqlens.empty();
-  if (!mc.kv_seqlens.empty() && !packed) throw UsageError("--kv-seqlens: needs --seqlens");
   if (packed) {
-    if (mc.kv_seqlens.empty()) mc.kv_seqlens = mc.seqlens;
-    if (mc.kv_seqlens.size() != mc.seqlens.size()) {
-      throw UsageError("--kv-seqlens: expected " + std::to_string(mc.seqlens.size()) +
-                       " lengths (one per --seqlens entry), got " +
-                       std::to_string(mc.kv_seqlens.size()));
-    }
+    mc.kv_seqlens = packed_key_lengths(mc.seqlens, mc.kv_seqlens);
     mc.B = static_cast<std::int64_t>(mc.seqlens.size());
     mc.Lq = 0;
     std::int64_t max_k = 0;
@@ -195,7 +135,7 @@ int mask_command(const std::vector<std::string>& argv) {
   if (mc.format == "npy") {
     out.write(npy_header({b.size(), h.size(), rows_of(b.begin).size(), cols_of(b.begin).size()}));
   }
-  if (mc.format == "text" && mc.header) {
+  if (mc.format == "text" && !mc.no_header) {
     char probabilities[80];
     std::snprintf(probabilities, sizeof probabilities, "p=%g p_effective=%.9g", mc.dropout, dt.p_effective);
     out.write("# memeff dropout mask: " + std::string(probabilities) +
@@ -216,7 +156,7 @@ int mask_command(const std::vector<std::string>& argv) {
     const std::int64_t chunk_rows =
         std::max<std::int64_t>(1, kChunkElements / std::max<std::int64_t>(cols.size(), 1));
     for (std::int64_t hi = h.begin; hi < h.end; ++hi) {
-      if (mc.format == "text" && mc.header) {
+      if (mc.format == "text" && !mc.no_header) {
         std::string where;
         if (packed) {
           where = " (packed sequence " + std::to_string(bi) + ": query rows " +
@@ -271,6 +211,51 @@ int mask_command(const std::vector<std::string>& argv) {
   }
   out.close();
   return 0;
+}
+
+}  // namespace
+
+Command add_mask_command(CLI::App& program) {
+  auto mc = std::make_shared<MaskConfig>();
+  CLI::App* app = program.add_subcommand(
+      "mask", R"(write the dropout mask of a shape (or a window of it) as text, bits or .npy
+
+Writes the dropout keep mask (1 = kept, 0 = dropped) of attention with these sizes and RNG
+state: exactly the mask every memeff backend applies, in forward and backward. Elements are
+(batch b, query head h, query row i, key column j); the mask of head h of batch b is keyed
+by b*heads + h (docs/dropout.md). Streams in chunks, so any size works.
+)");
+  add_checked(*app, "--batch", mc->B, "N", integer(0), "batch size B (default 2)");
+  add_checked(*app, "--heads", mc->H, "N", integer(1), "query heads Hq of the call (default 8)");
+  add_checked(*app, "--lq", mc->Lq, "N", integer(0), "query length (default 512)");
+  add_checked(*app, "--lk", mc->Lk, "N", integer(0), "key length (default Lq)");
+  add_checked(*app, "--dropout", mc->dropout, "P", probability(),
+              "dropout probability in [0, 1) (default 0.1)");
+  add_checked(*app, "--seed", mc->seed, "S", unsigned64(), "seed (default 0)");
+  add_checked(*app, "--offset", mc->offset, "O", unsigned64(), "offset (default 0)");
+  const std::string range = "N or A:B (half-open, 0 <= A <= B)";
+  add_value(*app, "--b", mc->b, IndexRange::from_text, range, "A:B",
+            "batches of the window (N or A:B, half-open; default all)");
+  add_value(*app, "--h", mc->h, IndexRange::from_text, range, "A:B",
+            "heads of the window (default all)");
+  add_value(*app, "--rows", mc->rows, IndexRange::from_text, range, "A:B",
+            "query rows of the window (default all)");
+  add_value(*app, "--cols", mc->cols, IndexRange::from_text, range, "A:B",
+            "key columns of the window (default all)");
+  add_name(*app, "--format", mc->format, {"text", "bits", "npy"},
+           "text (default): one line of 0/1 per row, a '#' line before each head;\n"
+           "bits: raw little-endian uint64 words, ceil(cols/64) per row, bit c%64 of word c/64 = "
+           "column c;\n"
+           "npy: a NumPy uint8 array [batches, heads, rows, cols]");
+  app->add_option("--out", mc->out, "output file (default - : stdout)")->type_name("FILE");
+  app->add_flag("--no-header", mc->no_header, "text format: no '#' lines");
+  add_packed_flags(
+      *app, mc->seqlens, mc->kv_seqlens,
+      "packed sequences of these query lengths: sequence s draws batch s's mask over its own\n"
+      "rows and columns (B is the number of sequences; npy needs one sequence, --b S)");
+  app->footer(R"(example: memeff mask --lq 4 --lk 64 --batch 1 --heads 1 --dropout 0.5 --seed 7
+         memeff mask --batch 8 --heads 16 --lq 2048 --b 3 --h 5 --rows 100:102 --format npy --out m.npy)");
+  return {app, [mc](const std::vector<std::string>&) { return write_mask(*mc); }};
 }
 
 }  // namespace memeff::cli

@@ -1,4 +1,5 @@
-// Materialized attention problems of the memeff program (see cli_problem.h).
+// Materialized attention problems of the memeff program (see cli_problem.h): random inputs and
+// their device copies, the workspace hand-over and the rates the timing commands report.
 #include "cli_problem.h"
 
 #include <algorithm>
@@ -45,15 +46,13 @@ AttentionArgs AttentionData::args() const {
 }
 
 BackwardTensors AttentionData::grads() const {
-  BackwardTensors g;
-  g.dout = dout.view();
-  g.out = out.view();
-  g.lse = lse.view();
-  g.dq = dq.view();
-  g.dk = dk.view();
-  g.dv = dv.view();
-  if (config.bias.present) g.dbias = dbias.view();
-  return g;
+  return {dout.view(),
+          out.view(),
+          lse.view(),
+          dq.view(),
+          dk.view(),
+          dv.view(),
+          config.bias.present ? std::optional(dbias.view()) : std::nullopt};
 }
 
 double AttentionData::forward_flops() const {
@@ -115,10 +114,23 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-std::string format_fixed(double value, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, value);
-  return buf;
+Options with_workspace(Options options, const Buffer& workspace) {
+  options.workspace = workspace.data();
+  options.workspace_bytes = workspace.bytes();
+  return options;
+}
+
+PassRates::PassRates(double forward_flops, double fwd, double bwd) : fwd_ms(fwd), bwd_ms(bwd) {
+  auto tflops = [](double flops, double ms) { return ms > 0 ? flops / ms / 1e9 : 0.0; };
+  fwd_tflops = tflops(forward_flops * pass_flop_factor(Pass::forward), fwd_ms);
+  bwd_tflops = tflops(forward_flops * pass_flop_factor(Pass::backward), bwd_ms);
+  fwdbwd_tflops = tflops(forward_flops * training_flop_factor(), fwd_ms + bwd_ms);
+}
+
+std::string flops_help() {
+  char factor[32];
+  std::snprintf(factor, sizeof factor, "%g", pass_flop_factor(Pass::backward));
+  return std::string("forward 4*B*Hq*Lq*Lk*D (halved when causal), backward ") + factor + "x";
 }
 
 }  // namespace memeff::cli

@@ -42,9 +42,21 @@ struct AttentionData {
 // outputs poisoned with NaN so an unwritten element fails the check.
 AttentionData make_attention_data(const ShapeConfig& config, Device device);
 
-// Medians and formatting used by the timing commands.
+// `options` handing `workspace` to a call (Options::workspace and workspace_bytes), so that the
+// timed calls allocate nothing.
+Options with_workspace(Options options, const Buffer& workspace);
+
+// Median times of both passes and their rates. FLOPs: the forward's (attention_flops) times
+// pass_flop_factor, training_flop_factor for the two together; 0 TFLOP/s for a zero time.
+struct PassRates {
+  double fwd_ms = 0.0, bwd_ms = 0.0;
+  double fwd_tflops = 0.0, bwd_tflops = 0.0, fwdbwd_tflops = 0.0;
+  PassRates() = default;
+  PassRates(double forward_flops, double fwd_ms, double bwd_ms);
+};
+// The count above for --help: "forward 4*B*Hq*Lq*Lk*D (halved when causal), backward 2.5x".
+std::string flops_help();
+
 double median(std::vector<double> values);
-// "1.234" style milliseconds and TFLOP/s (GFLOP/s below 1 TFLOP/s is still printed in TFLOP/s).
-std::string format_fixed(double value, int digits);
 
 }  // namespace memeff::cli

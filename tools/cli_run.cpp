@@ -1,13 +1,14 @@
 // `memeff run`: the main job. Builds random inputs, runs forward and backward on the best
-// available backend (or the one named), times them, and checks every output against the
-// double-precision reference with the same dropout mask: on the whole problem, or, when the
-// shape is large, on batch 0 and the first heads (an exact sub-problem, see check_plan()).
+// available backend (or the one named), times them, and checks every output against the fp64
+// reference with the same dropout mask, whole or on an exact sub-problem (see check_plan()).
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <sstream>
+#include <string>
 
 #include "cli_args.h"
 #include "cli_commands.h"
@@ -16,6 +17,7 @@
 #include "cli_problem.h"
 #include "cli_tolerance.h"
 #include "memeff/attention.h"
+#include "memeff/context_parallel.h"
 #include "memeff/dropout.h"
 #include "memeff/error.h"
 
@@ -42,13 +44,6 @@ struct RunConfig {
   int context_parallel = 0;
 };
 
-std::vector<std::int64_t> parse_lengths(const std::string& flag, const std::string& text) {
-  std::vector<std::int64_t> out;
-  for (const std::string& part : split(text, ',')) out.push_back(parse_int(flag, part, 0));
-  if (out.empty()) throw UsageError(flag + ": expected comma-separated lengths, got `" + text + "`");
-  return out;
-}
-
 // Which part of the problem the reference recomputes. The dropout mask of head h of batch b is
 // keyed by b·Hq + h and row i, column j are absolute, so a view of batch 0 and query heads
 // [0, heads) (with their key/value heads [0, heads / group)) is a problem of its own whose mask,
@@ -56,7 +51,7 @@ std::vector<std::int64_t> parse_lengths(const std::string& flag, const std::stri
 // exact too unless it sums over a batch or head left out (bias broadcast over B or H).
 // When even one head group is too much work, only query rows [0, rows) are recomputed: a row's
 // out, lse and dq depend on no other row. The keys the reference sees are cut to those the rows
-// can see ([0, rows) top-left; [0, Lk - Lq + rows) bottom-right, which keeps the diagonal where
+// can see ([0, rows) top_left; [0, Lk - Lq + rows) bottom_right, which keeps the diagonal where
 // it is), so the sub-problem stays exact; dk, dv and dbias need every row and are not checked.
 struct CheckPlan {
   bool enabled = true;
@@ -98,7 +93,7 @@ CheckPlan check_plan(const RunConfig& rc) {
     plan.batches = std::min<std::int64_t>(c.B, 1);
     std::int64_t heads = 0;
     if (explicit_heads) {
-      heads = (parse_int("--check", rc.check, 1) + group - 1) / group * group;  // whole groups
+      heads = (std::stoll(rc.check) + group - 1) / group * group;  // whole groups
     } else {
       heads = per_head > 0 ? static_cast<std::int64_t>(kFullCheckBudget / per_head) / group * group : c.Hq;
     }
@@ -131,6 +126,14 @@ struct CheckResult {
   std::string note;
   bool pass() const { return !cmp.nonfinite && cmp.max_abs <= tol.bound(cmp.max_ref); }
 };
+
+// One output of the backend (`actual`, of which `expected` holds the leading box) against the
+// reference, with the tolerance of its dtype.
+CheckResult check_output(const char* name, const HostArray& actual, const HostArray& expected,
+                         DType dtype, bool gradient, std::string note = "") {
+  return {name, compare_box(actual, expected), check_tolerance(dtype, gradient),
+          expected.shape.dims, std::move(note)};
+}
 
 std::string format_sci(double v, int digits = 2) {
   char buf[48];
@@ -172,26 +175,15 @@ std::vector<CheckResult> check_against_reference(const AttentionData& d, const C
   Options ref_options;
   ref_options.backends = {"reference"};
   forward(args, out.view(), lse.view(), ref_options);
-  BackwardTensors g;
-  g.dout = dout.view();
-  g.out = out.view();
-  g.lse = lse.view();
-  g.dq = dq.view();
-  g.dk = dk.view();
-  g.dv = dv.view();
-  if (c.bias.present) g.dbias = dbias.view();
-  backward(args, g, ref_options);
+  backward(args,
+           {dout.view(), out.view(), lse.view(), dq.view(), dk.view(), dv.view(),
+            c.bias.present ? std::optional(dbias.view()) : std::nullopt},
+           ref_options);
 
   std::vector<CheckResult> results;
-  auto add = [&](const char* name, const HostArray& actual, const HostArray& expected, bool gradient,
-                 std::string note = "") {
-    CheckResult r;
-    r.name = name;
-    r.cmp = compare_box(actual, expected);
-    r.tol = check_tolerance(d.dtype, gradient);
-    r.dims = expected.shape.dims;
-    r.note = std::move(note);
-    results.push_back(std::move(r));
+  auto add = [&](const char* name, const HostArray& actual, const HostArray& expected,
+                 bool gradient, std::string note = "") {
+    results.push_back(check_output(name, actual, expected, d.dtype, gradient, std::move(note)));
   };
   add("out", d.out.download(), out, false);
   add("lse", d.lse.download(), lse, false);
@@ -211,94 +203,19 @@ std::vector<CheckResult> check_against_reference(const AttentionData& d, const C
     DeviceTensor sdq(d.device, d.dtype, Shape{q_dims}), sdk(d.device, d.dtype, Shape{k_dims}),
         sdv(d.device, d.dtype, Shape{v_dims}), sdbias(d.device, d.dtype, Shape{bias_box});
     for (DeviceTensor* t : {&sdq, &sdk, &sdv, &sdbias}) t->buffer.fill_bytes(0xFF);
-    BackwardTensors sg;
-    sg.dout = d.dout.box_view(o_dims);
-    sg.out = d.out.box_view(o_dims);
-    sg.lse = d.lse.box_view(lse_dims);
-    sg.dq = sdq.view();
-    sg.dk = sdk.view();
-    sg.dv = sdv.view();
-    sg.dbias = sdbias.view();
-    Options o = backend_options;
-    o.workspace = nullptr;
-    o.workspace_bytes = 0;
-    Buffer ws(d.device, workspace_size(sub, Pass::backward, o));
-    o.workspace = ws.data();
-    o.workspace_bytes = ws.bytes();
-    backward(sub, sg, o);
+    const BackwardTensors sg{d.dout.box_view(o_dims),
+                             d.out.box_view(o_dims),
+                             d.lse.box_view(lse_dims),
+                             sdq.view(),
+                             sdk.view(),
+                             sdv.view(),
+                             sdbias.view()};
+    const Buffer ws(d.device, workspace_size(sub, Pass::backward, backend_options));
+    backward(sub, sg, with_workspace(backend_options, ws));
     synchronize(d.device);
     add("dbias", sdbias.download(), dbias, true, "backend rerun on the sampled heads");
   }
   return results;
-}
-
-FlagParser make_parser(RunConfig& rc) {
-  FlagParser p("memeff run",
-               "Runs forward and backward attention on random inputs with the best available backend\n"
-               "(the GPU when the build has CUDA and a device is present, else the CPU; the dispatcher's\n"
-               "default order picks the backend), times both passes, and checks out, lse, dq, dk, dv and\n"
-               "dbias against the double-precision `reference` backend with the same dropout mask.\n"
-               "Exits with 1 when an error exceeds its tolerance.");
-  p.add({"--device", "DEV", "cpu, cuda or auto (default auto: cuda when present)",
-         [&rc](const std::string& v) { rc.device = parse_device("--device", v); }});
-  p.add({"--backend", "LIST", "allow only these backends, comma-separated in priority order\n(Options::backends), e.g. cuda, cpu, reference, cuda,cuda_math",
-         [&rc](const std::string& v) { rc.backend = v; }});
-  add_shape_flags(p, rc.shape);
-  p.add({"--iters", "N", "timed iterations per pass; the median is reported\n(default 10 on cuda; 3 on cpu, 1 when a pass takes seconds)",
-         [&rc](const std::string& v) { rc.iters = parse_int("--iters", v, 1); }});
-  p.add({"--warmup", "N", "untimed iterations before timing (default 1)",
-         [&rc](const std::string& v) { rc.warmup = parse_int("--warmup", v, 0); }});
-  p.add({"--check", "MODE",
-         "auto (default: the whole problem when small, else batch 0 and the first heads),\n"
-         "full (every head), none (timing only), or N: batch 0 and the first N query heads\n"
-         "(rounded up to whole GQA groups)",
-         [&rc](const std::string& v) {
-           if (v != "auto" && v != "full" && v != "none") parse_int("--check", v, 1);  // N heads
-           rc.check = v;
-         }});
-  p.add({"--json", "", "print one JSON object instead of the text report",
-         [&rc](const std::string&) { rc.json = true; }});
-  p.add({"--seqlens", "L1,L2,..",
-         "packed variable-length sequences of these query lengths (cu_seqlens): q [total, Hq, D],\n"
-         "each sequence attends within itself; B, Lq and Lk are then ignored, a bias is refused",
-         [&rc](const std::string& v) { rc.seqlens = parse_lengths("--seqlens", v); }});
-  p.add({"--kv-seqlens", "L1,L2,..",
-         "key lengths of the packed sequences (default: the query lengths)",
-         [&rc](const std::string& v) { rc.kv_seqlens = parse_lengths("--kv-seqlens", v); }});
-  p.add({"--context-parallel", "N",
-         "ring attention over N ranks (docs/context_parallel.md): each rank holds a slice of the\n"
-         "queries and keys; checked rank by rank against the single-device run on the same\n"
-         "backends. cpu: every rank in this process (local ring); cuda: one process per GPU over\n"
-         "NCCL (started here, or by torchrun-style RANK/WORLD_SIZE/LOCAL_RANK)",
-         [&rc](const std::string& v) {
-           rc.context_parallel = static_cast<int>(parse_int("--context-parallel", v, 1));
-           if (rc.context_parallel > 4096) {
-             throw UsageError("--context-parallel: at most 4096 ranks, got " + v);
-           }
-         }});
-  p.add({"--cp-layout", "L",
-         "auto (zigzag when causal, else contiguous), contiguous or zigzag (2N chunks; rank r\n"
-         "holds chunks r and 2N-1-r)",
-         [&rc](const std::string& v) { rc.cp.layout = v; }});
-  p.add({"--cp-transport", "T",
-         "auto (local on cpu; nccl on cuda with N > 1), local (every rank in this process, also\n"
-         "on one GPU) or nccl (one process per GPU)",
-         [&rc](const std::string& v) { rc.cp.transport = v; }});
-  p.add({"--nccl-id-file", "PATH",
-         "where rank 0 writes the NCCL unique id for the others (default $MEMEFF_NCCL_ID_FILE, or\n"
-         "a temporary file when this program starts the ranks itself)",
-         [&rc](const std::string& v) { rc.cp.id_file = v; }});
-  p.add_section(
-      "defaults: B=2 Hq=Hkv=8 Lq=Lk=512 D=Dv=64, bf16 on cuda / fp32 on cpu, causal top-left,\n"
-      "dropout 0.1, no bias, seed 0, offset 0.\n"
-      "FLOPs: forward 4*B*Hq*Lq*Lk*D (halved when causal), backward 2.5x the forward.\n"
-      "check: inputs are N(0,1) rounded to the dtype; the reference recomputes in fp64 from the same\n"
-      "values. Large shapes are checked on batch 0 and the first query heads: the dropout mask is\n"
-      "keyed by b*Hq+h, so that prefix is an exact sub-problem (dbias, when it sums over heads\n"
-      "outside it, is compared with the backend rerun on the sub-problem). When one head group is\n"
-      "too large, out, lse and dq are checked on its first query rows (dk, dv, dbias: --check N).\n" +
-      std::string(tolerance_help()));
-  return p;
 }
 
 // Both passes timed as `memeff run` times them: each pass gets the workspace it asks for (so
@@ -308,22 +225,19 @@ FlagParser make_parser(RunConfig& rc) {
 struct TimedPasses {
   CallInfo fwd_info, bwd_info;
   std::int64_t iters = 0;
-  double fwd_ms = 0.0, bwd_ms = 0.0;  // medians
+  PassRates rates;  // of the medians
   std::size_t ws_fwd = 0, ws_bwd = 0;
 };
 
 TimedPasses time_passes(const RunConfig& rc, Device device, const AttentionArgs& args,
                         const BackwardTensors& grads, const Options& options,
-                        const std::string& what) {
+                        const std::string& what, double forward_flops) {
   TimedPasses t;
-  Options fwd_options = options, bwd_options = options;
   t.ws_fwd = workspace_size(args, Pass::forward, options);
   t.ws_bwd = workspace_size(args, Pass::backward, options);
-  Buffer ws_f(device, t.ws_fwd), ws_b(device, t.ws_bwd);
-  fwd_options.workspace = ws_f.data();
-  fwd_options.workspace_bytes = t.ws_fwd;
-  bwd_options.workspace = ws_b.data();
-  bwd_options.workspace_bytes = t.ws_bwd;
+  const Buffer ws_f(device, t.ws_fwd), ws_b(device, t.ws_bwd);
+  const Options fwd_options = with_workspace(options, ws_f),
+                bwd_options = with_workspace(options, ws_b);
   if (!rc.json) {
     std::fprintf(stderr, "memeff run: %s on %s, warm-up\n", what.c_str(),
                  device_description(device).c_str());
@@ -361,8 +275,7 @@ TimedPasses time_passes(const RunConfig& rc, Device device, const AttentionArgs&
     bwd_ms.push_back(timer.stop());
   }
   synchronize(device);
-  t.fwd_ms = median(fwd_ms);
-  t.bwd_ms = median(bwd_ms);
+  t.rates = PassRates(forward_flops, median(fwd_ms), median(bwd_ms));
   return t;
 }
 
@@ -394,21 +307,109 @@ void print_checks(const std::vector<CheckResult>& checks) {
   }
 }
 
+// "q [2, 8, 512, 64]"
+std::string dims_text(const char* name, const std::vector<std::int64_t>& dims) {
+  std::string s = std::string(name) + " [";
+  for (std::size_t d = 0; d < dims.size(); ++d) s += (d ? ", " : "") + std::to_string(dims[d]);
+  return s + "]";
+}
+
+// What a run reports, dense or packed; report() prints it as text or as one JSON object.
+struct RunReport {
+  std::string title;  // "run", "run (packed sequences)"
+  Device device{};
+  std::string device_note;  // why auto did not pick cuda
+  DType dtype = DType::f32;
+  Json shape;           // the problem's keys of the JSON report
+  std::string problem;  // ... and its line of the text report
+  std::string tensors;  // the tensors' shapes, for the text report
+  TimedPasses timed;
+  std::string check;  // what the check covered
+  std::vector<CheckResult> checks;
+};
+
+// Prints the report; the exit status: 1 when a checked output fails.
+int report(const RunConfig& rc, const RunReport& r) {
+  const ShapeConfig& c = rc.shape;
+  const TimedPasses& t = r.timed;
+  bool pass = true;
+  for (const CheckResult& k : r.checks) pass = pass && k.pass();
+  const std::string where = device_description(r.device);
+  if (rc.json) {
+    Json j;
+    j["backend"] = t.fwd_info.backend;
+    j["backend_backward"] = t.bwd_info.backend;
+    j["device"] = device_name(r.device);
+    j["device_description"] = where;
+    j["device_note"] = r.device_note;
+    j["dtype"] = dtype_name(r.dtype);
+    j.update(r.shape);
+    j["p_effective"] = t.fwd_info.p_effective;
+    j["seed"] = c.seed;
+    j["offset"] = c.offset;
+    j["iters"] = t.iters;
+    add_rates_json(j, t.rates, "tflops");
+    j["workspace_fwd_bytes"] = static_cast<std::uint64_t>(t.ws_fwd);
+    j["workspace_bwd_bytes"] = static_cast<std::uint64_t>(t.ws_bwd);
+    j["check"] = r.check;
+    add_checks_json(j, r.checks);
+    j["pass"] = pass;
+    std::printf("%s\n", json_text(j).c_str());
+    return pass ? 0 : 1;
+  }
+  const DropoutThreshold dt = dropout_threshold(c.dropout);
+  const PassRates& rates = t.rates;
+  std::printf("memeff %s %s\n", version(), r.title.c_str());
+  std::printf("  backend    %s (forward), %s (backward)\n", t.fwd_info.backend.c_str(),
+              t.bwd_info.backend.c_str());
+  std::printf("  device     %s%s\n", where.c_str(),
+              r.device_note.empty() ? "" : ("  [" + r.device_note + "]").c_str());
+  std::printf("  problem    %s\n", r.problem.c_str());
+  std::printf("  shapes     %s\n", r.tensors.c_str());
+  std::printf(
+      "  dropout    p=%g  p_effective=%.7g (keep when byte < %u, scale %.6g)  seed=%llu "
+      "offset=%llu\n",
+      c.dropout, t.fwd_info.p_effective, dt.threshold, dt.keep_scale,
+      static_cast<unsigned long long>(c.seed), static_cast<unsigned long long>(c.offset));
+  std::printf("  forward    %10.3f ms  %8s TFLOP/s\n", rates.fwd_ms,
+              format_g(rates.fwd_tflops).c_str());
+  std::printf("  backward   %10.3f ms  %8s TFLOP/s\n", rates.bwd_ms,
+              format_g(rates.bwd_tflops).c_str());
+  std::printf("  fwd+bwd    %10.3f ms  %8s TFLOP/s   (median of %lld after %lld warm-up; %s)\n",
+              rates.fwd_ms + rates.bwd_ms, format_g(rates.fwdbwd_tflops).c_str(),
+              static_cast<long long>(t.iters),
+              static_cast<long long>(std::max<std::int64_t>(rc.warmup, 1)),
+              r.device.type == DeviceType::cuda ? "CUDA events" : "wall clock");
+  std::printf("  check      %s\n", r.check.c_str());
+  print_checks(r.checks);
+  std::printf("  result     %s\n", rc.check == "none" ? "not checked" : pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
+// The device a run asked for; says on stderr why auto did not pick cuda.
+Device run_device(const RunConfig& rc, std::string& note) {
+  const Device device = resolve_device(rc.device, &note);
+  if (!note.empty() && !rc.json) std::fprintf(stderr, "memeff run: %s\n", note.c_str());
+  return device;
+}
+
+Options run_options(const RunConfig& rc) {
+  Options options;
+  if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
+  return options;
+}
+
 // `memeff run --seqlens`: packed variable-length sequences (AttentionArgs::packed). Random
 // sequences of the given lengths are packed into q [total_q, Hq, D], k and v [total_k, Hkv, D|Dv];
 // forward and backward run on the chosen backend and are checked against the reference on the
 // packed call itself, or on its first sequences when the whole is too much work: a prefix of the
 // sequences keeps every sequence's index s, hence its dropout mask, so it is an exact
-// sub-problem.
+// sub-problem. FLOPs count the real lengths.
 int run_packed(const RunConfig& rc) {
   const ShapeConfig& c = rc.shape;
   if (c.bias.present) throw UsageError("--bias: not supported with --seqlens (packed sequences)");
   const std::vector<std::int64_t>& lq = rc.seqlens;
-  const std::vector<std::int64_t>& lk = rc.kv_seqlens.empty() ? rc.seqlens : rc.kv_seqlens;
-  if (lk.size() != lq.size()) {
-    throw UsageError("--kv-seqlens: expected " + std::to_string(lq.size()) +
-                     " lengths (one per --seqlens entry), got " + std::to_string(lk.size()));
-  }
+  const std::vector<std::int64_t> lk = packed_key_lengths(rc.seqlens, rc.kv_seqlens);
   const std::int64_t S = static_cast<std::int64_t>(lq.size());
   std::vector<std::int64_t> cu_q(S + 1, 0), cu_k(S + 1, 0);
   std::int64_t max_q = 0, max_k = 0;
@@ -421,10 +422,11 @@ int run_packed(const RunConfig& rc) {
   if (cu_q[S] > INT32_MAX || cu_k[S] > INT32_MAX) {
     throw UsageError("--seqlens: at most 2^31 - 1 packed rows (int32 offsets)");
   }
-  std::string device_note;
-  const Device device = resolve_device(rc.device, &device_note);
-  if (!device_note.empty() && !rc.json) std::fprintf(stderr, "memeff run: %s\n", device_note.c_str());
-  const DType dtype = c.dtype_on(device.type);
+  RunReport r;
+  r.title = "run (packed sequences)";
+  r.device = run_device(rc, r.device_note);
+  const Device device = r.device;
+  const DType dtype = r.dtype = c.dtype_on(device.type);
   const std::int64_t Tq = cu_q[S], Tk = cu_k[S], Hq = c.Hq, Hkv = c.hkv(), D = c.D, Dv = c.dv();
 
   HostArray q_host(dtype, Shape{{Tq, Hq, D}}), k_host(dtype, Shape{{Tk, Hkv, D}}),
@@ -461,8 +463,7 @@ int run_packed(const RunConfig& rc) {
   args.packed = packed;
   const BackwardTensors grads{dout.view(), out.view(), lse.view(), dq.view(), dk.view(), dv.view(),
                               std::nullopt};
-  Options options;
-  if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
+  const Options options = run_options(rc);
   std::ostringstream lens;
   for (std::int64_t s = 0; s < S; ++s) {
     lens << (s ? "," : "") << lq[s];
@@ -471,16 +472,21 @@ int run_packed(const RunConfig& rc) {
   std::ostringstream problem;
   problem << "packed S=" << S << " seqlens " << lens.str() << " (q/k where they differ) total "
           << Tq << "/" << Tk << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D << " Dv=" << Dv << " "
-          << dtype_name(dtype) << " causal=" << causal_flag_name(c.causal)
+          << dtype_name(dtype) << " causal=" << causal_mode_name(c.causal)
           << " dropout=" << c.dropout;
-  const std::string where = device_description(device);
-  const TimedPasses timed = time_passes(rc, device, args, grads, options, problem.str());
-  const CallInfo &fwd_info = timed.fwd_info, &bwd_info = timed.bwd_info;
-  const std::int64_t iters = timed.iters;
-  const double t_f = timed.fwd_ms, t_b = timed.bwd_ms;
-  const double flops = attention_flops_packed(lq, lk, Hq, D, c.causal);
-  const double fwd_tflops = t_f > 0 ? flops / t_f / 1e9 : 0.0;
-  const double bwd_tflops = t_b > 0 ? 2.5 * flops / t_b / 1e9 : 0.0;
+  r.problem = problem.str();
+  r.tensors = dims_text("q", q.shape.dims) + "  " + dims_text("k", k.shape.dims) + "  " +
+              dims_text("v", v.shape.dims) + "  " + dims_text("cu_seqlens", cuq.shape.dims);
+  r.shape = {{"seqlens_q", lq},
+             {"seqlens_k", lk},
+             {"Hq", Hq},
+             {"Hkv", Hkv},
+             {"D", D},
+             {"Dv", Dv},
+             {"causal", causal_mode_name(c.causal)},
+             {"dropout", c.dropout}};
+  r.timed = time_passes(rc, device, args, grads, options, r.problem,
+                        attention_flops_packed(lq, lk, Hq, D, c.causal));
 
   // The reference on the first `checked` sequences (all of them when within the budget).
   std::int64_t checked = 0;
@@ -493,7 +499,6 @@ int run_packed(const RunConfig& rc) {
       work += w;
     }
   }
-  std::vector<CheckResult> checks;
   if (checked > 0) {
     if (!rc.json) {
       std::fprintf(stderr, "memeff run: checking %lld of %lld sequences against the reference\n",
@@ -513,12 +518,9 @@ int run_packed(const RunConfig& rc) {
     PackedSequences rp;
     rp.cu_seqlens_q = rcu_q.view();
     rp.cu_seqlens_k = rcu_k.view();
-    rp.max_seqlen_q = max_q;
-    rp.max_seqlen_k = max_k;
-    for (std::int64_t s = 0; s < checked; ++s) {  // the prefix's own maxima (validation wants them <= total)
-      rp.max_seqlen_q = s == 0 ? lq[s] : std::max(rp.max_seqlen_q, lq[s]);
-      rp.max_seqlen_k = s == 0 ? lk[s] : std::max(rp.max_seqlen_k, lk[s]);
-    }
+    // The prefix's own maxima (validation wants them <= its total).
+    rp.max_seqlen_q = *std::max_element(lq.begin(), lq.begin() + checked);
+    rp.max_seqlen_k = *std::max_element(lk.begin(), lk.begin() + checked);
     ra.packed = rp;
     Options ro;
     ro.backends = {"reference"};
@@ -531,89 +533,48 @@ int run_packed(const RunConfig& rc) {
     HostArray lse_cut(DType::f32, Shape{{Hq, tq}});
     for (std::int64_t h = 0; h < Hq; ++h)
       for (std::int64_t i = 0; i < tq; ++i) lse_cut.set(h * tq + i, lse_all.get(h * Tq + i));
-    auto add = [&](const char* name, const HostArray& actual, const HostArray& expected,
-                   bool gradient) {
-      CheckResult r;
-      r.name = name;
-      r.cmp = compare_box(actual, expected);
-      r.tol = check_tolerance(dtype, gradient);
-      r.dims = expected.shape.dims;
-      checks.push_back(std::move(r));
-    };
-    add("out", out.download(), rout, false);
-    add("lse", lse_cut, rlse, false);
-    add("dq", dq.download(), rdq, true);
-    add("dk", dk.download(), rdk, true);
-    add("dv", dv.download(), rdv, true);
+    r.checks = {check_output("out", out.download(), rout, dtype, false),
+                check_output("lse", lse_cut, rlse, dtype, false),
+                check_output("dq", dq.download(), rdq, dtype, true),
+                check_output("dk", dk.download(), rdk, dtype, true),
+                check_output("dv", dv.download(), rdv, dtype, true)};
   }
-  bool pass = true;
-  for (const CheckResult& r : checks) pass = pass && r.pass();
-  const std::string check_text =
-      rc.check == "none"
-          ? "skipped (--check none)"
-          : (checked == S ? "all " + std::to_string(S) + " sequences"
-                          : "sampled: the first " + std::to_string(checked) + " of " +
-                                std::to_string(S) + " sequences (--check full checks all)");
-
-  if (rc.json) {
-    Json j;
-    j["backend"] = fwd_info.backend;
-    j["backend_backward"] = bwd_info.backend;
-    j["device"] = device_name(device);
-    j["dtype"] = dtype_name(dtype);
-    j["seqlens_q"] = lq;
-    j["seqlens_k"] = lk;
-    j["Hq"] = Hq;
-    j["Hkv"] = Hkv;
-    j["D"] = D;
-    j["Dv"] = Dv;
-    j["causal"] = causal_flag_name(c.causal);
-    j["dropout"] = c.dropout;
-    j["p_effective"] = fwd_info.p_effective;
-    j["seed"] = c.seed;
-    j["offset"] = c.offset;
-    j["iters"] = iters;
-    j["fwd_ms"] = t_f;
-    j["bwd_ms"] = t_b;
-    j["fwd_tflops"] = fwd_tflops;
-    j["bwd_tflops"] = bwd_tflops;
-    j["check"] = check_text;
-    add_checks_json(j, checks);
-    j["pass"] = pass;
-    std::printf("%s\n", json_text(j).c_str());
-    return pass ? 0 : 1;
-  }
-  std::printf("memeff %s run (packed sequences)\n", version());
-  std::printf("  backend    %s (forward), %s (backward)\n", fwd_info.backend.c_str(),
-              bwd_info.backend.c_str());
-  std::printf("  device     %s%s\n", where.c_str(),
-              device_note.empty() ? "" : ("  [" + device_note + "]").c_str());
-  std::printf("  problem    %s\n", problem.str().c_str());
-  std::printf("  shapes     q [%lld, %lld, %lld]  k [%lld, %lld, %lld]  v [%lld, %lld, %lld]  "
-              "cu_seqlens [%lld]\n",
-              static_cast<long long>(Tq), static_cast<long long>(Hq), static_cast<long long>(D),
-              static_cast<long long>(Tk), static_cast<long long>(Hkv), static_cast<long long>(D),
-              static_cast<long long>(Tk), static_cast<long long>(Hkv), static_cast<long long>(Dv),
-              static_cast<long long>(S + 1));
-  std::printf("  forward    %10.3f ms  %8s TFLOP/s\n", t_f, format_g(fwd_tflops).c_str());
-  std::printf("  backward   %10.3f ms  %8s TFLOP/s   (FLOPs of the real lengths; median of %lld)\n",
-              t_b, format_g(bwd_tflops).c_str(), static_cast<long long>(iters));
-  std::printf("  check      %s\n", check_text.c_str());
-  print_checks(checks);
-  std::printf("  result     %s\n", rc.check == "none" ? "not checked" : pass ? "PASS" : "FAIL");
-  return pass ? 0 : 1;
+  r.check = rc.check == "none"
+                ? "skipped (--check none)"
+                : (checked == S ? "all " + std::to_string(S) + " sequences"
+                                : "sampled: the first " + std::to_string(checked) + " of " +
+                                      std::to_string(S) + " sequences (--check full checks all)");
+  return report(rc, r);
 }
 
-}  // namespace
-
-int run_command(const std::vector<std::string>& argv) {
-  RunConfig rc;
-  FlagParser parser = make_parser(rc);
-  parser.parse(argv);
-  rc.shape.check();
-  if (!rc.kv_seqlens.empty() && rc.seqlens.empty()) {
-    throw UsageError("--kv-seqlens: needs --seqlens (the query lengths)");
+// A dense batch: the problem of make_attention_data, checked as check_plan() says.
+int run_dense(const RunConfig& rc) {
+  RunReport r;
+  r.title = "run";
+  r.device = run_device(rc, r.device_note);
+  const AttentionData d = make_attention_data(rc.shape, r.device);
+  const ShapeConfig& c = d.config;
+  r.dtype = d.dtype;
+  add_shape_json(r.shape, c);
+  r.problem = c.describe(d.dtype);
+  r.tensors = dims_text("q", d.q.shape.dims) + "  " + dims_text("k", d.k.shape.dims) + "  " +
+              dims_text("v", d.v.shape.dims) +
+              (c.bias.present ? "  " + dims_text("bias", d.bias.shape.dims) : "");
+  const Options options = run_options(rc);
+  r.timed = time_passes(rc, r.device, d.args(), d.grads(), options, r.problem, d.forward_flops());
+  const CheckPlan plan = check_plan(rc);
+  r.check = plan.describe(c);
+  if (plan.enabled) {
+    if (!rc.json) {
+      std::fprintf(stderr, "memeff run: checking against the reference (%s)\n", r.check.c_str());
+    }
+    r.checks = check_against_reference(d, plan, options);
   }
+  return report(rc, r);
+}
+
+int run(const RunConfig& rc, const std::vector<std::string>& args) {
+  rc.shape.check();
   if (rc.context_parallel > 0) {
     if (!rc.seqlens.empty()) {
       throw UsageError("--context-parallel: not with --seqlens (packed sequences)");
@@ -624,99 +585,87 @@ int run_command(const std::vector<std::string>& argv) {
     cp.backend = rc.backend;
     cp.json = rc.json;
     cp.ranks = rc.context_parallel;
-    cp.argv = argv;
+    cp.argv = args;
     return run_context_parallel(cp);
   }
-  if (!rc.seqlens.empty()) return run_packed(rc);
+  return rc.seqlens.empty() ? run_dense(rc) : run_packed(rc);
+}
 
-  std::string device_note;
-  const Device device = resolve_device(rc.device, &device_note);
-  if (!device_note.empty() && !rc.json) std::fprintf(stderr, "memeff run: %s\n", device_note.c_str());
+// --check: auto, full, none or a number of query heads.
+CLI::Validator check_mode() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "auto" || text == "full" || text == "none" || integer(1)(text).empty()) {
+          return "";
+        }
+        return "expected auto, full, none or a number of heads >= 1, got `" + text + "`";
+      },
+      "");
+}
 
-  AttentionData d = make_attention_data(rc.shape, device);
-  const ShapeConfig& c = d.config;
-  const AttentionArgs args = d.args();
-  const BackwardTensors grads = d.grads();
-  Options options;
-  if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
+}  // namespace
 
-  const std::string where = device_description(device);
-  const TimedPasses timed = time_passes(rc, device, args, grads, options, c.describe(d.dtype));
-  const CallInfo &fwd_info = timed.fwd_info, &bwd_info = timed.bwd_info;
-  const std::int64_t iters = timed.iters;
-  const std::size_t ws_fwd = timed.ws_fwd, ws_bwd = timed.ws_bwd;
-  const double t_f = timed.fwd_ms, t_b = timed.bwd_ms;
-  const double flops = d.forward_flops();
-  const double fwd_tflops = t_f > 0 ? flops / t_f / 1e9 : 0.0;
-  const double bwd_tflops = t_b > 0 ? 2.5 * flops / t_b / 1e9 : 0.0;
-  const double fb_tflops = t_f + t_b > 0 ? 3.5 * flops / (t_f + t_b) / 1e9 : 0.0;
+Command add_run_command(CLI::App& program) {
+  auto rc = std::make_shared<RunConfig>();
+  CLI::App* app = program.add_subcommand(
+      "run", R"(forward + backward on random inputs: timings, TFLOP/s, errors vs the reference
 
-  const CheckPlan plan = check_plan(rc);
-  std::vector<CheckResult> checks;
-  if (plan.enabled) {
-    if (!rc.json) {
-      std::fprintf(stderr, "memeff run: checking against the reference (%s)\n", plan.describe(c).c_str());
-    }
-    checks = check_against_reference(d, plan, options);
-  }
-  bool pass = true;
-  for (const CheckResult& r : checks) pass = pass && r.pass();
-
-  const DropoutThreshold dt = dropout_threshold(c.dropout);
-  if (rc.json) {
-    Json j;
-    j["backend"] = fwd_info.backend;
-    j["backend_backward"] = bwd_info.backend;
-    j["device"] = device_name(device);
-    j["device_description"] = where;
-    j["device_note"] = device_note;
-    j["dtype"] = dtype_name(d.dtype);
-    add_shape_json(j, c);
-    j["p_effective"] = fwd_info.p_effective;
-    j["seed"] = c.seed;
-    j["offset"] = c.offset;
-    j["iters"] = iters;
-    j["fwd_ms"] = t_f;
-    j["bwd_ms"] = t_b;
-    j["fwd_tflops"] = fwd_tflops;
-    j["bwd_tflops"] = bwd_tflops;
-    j["tflops"] = fb_tflops;
-    j["workspace_fwd_bytes"] = static_cast<std::uint64_t>(ws_fwd);
-    j["workspace_bwd_bytes"] = static_cast<std::uint64_t>(ws_bwd);
-    j["check"] = plan.describe(c);
-    add_checks_json(j, checks);
-    j["pass"] = pass;
-    std::printf("%s\n", json_text(j).c_str());
-    return pass ? 0 : 1;
-  }
-
-  std::printf("memeff %s run\n", version());
-  std::printf("  backend    %s (forward), %s (backward)\n", fwd_info.backend.c_str(), bwd_info.backend.c_str());
-  std::printf("  device     %s%s\n", where.c_str(), device_note.empty() ? "" : ("  [" + device_note + "]").c_str());
-  std::printf("  problem    %s\n", c.describe(d.dtype).c_str());
-  std::printf("  shapes     q [%lld, %lld, %lld, %lld]  k [%lld, %lld, %lld, %lld]  v [%lld, %lld, %lld, %lld]",
-              static_cast<long long>(c.B), static_cast<long long>(c.Hq), static_cast<long long>(c.Lq),
-              static_cast<long long>(c.D), static_cast<long long>(c.B), static_cast<long long>(c.hkv()),
-              static_cast<long long>(c.lk()), static_cast<long long>(c.D), static_cast<long long>(c.B),
-              static_cast<long long>(c.hkv()), static_cast<long long>(c.lk()), static_cast<long long>(c.dv()));
-  if (c.bias.present) {
-    const auto bd = bias_dims(c);
-    std::printf("  bias [%lld, %lld, %lld, %lld]", static_cast<long long>(bd[0]), static_cast<long long>(bd[1]),
-                static_cast<long long>(bd[2]), static_cast<long long>(bd[3]));
-  }
-  std::printf("\n  dropout    p=%g  p_effective=%.7g (keep when byte < %u, scale %.6g)  seed=%llu offset=%llu\n",
-              c.dropout, fwd_info.p_effective, dt.threshold, dt.keep_scale, static_cast<unsigned long long>(c.seed),
-              static_cast<unsigned long long>(c.offset));
-  std::printf("  forward    %10.3f ms  %8s TFLOP/s\n", t_f, format_g(fwd_tflops).c_str());
-  std::printf("  backward   %10.3f ms  %8s TFLOP/s\n", t_b, format_g(bwd_tflops).c_str());
-  std::printf("  fwd+bwd    %10.3f ms  %8s TFLOP/s   (median of %lld after %lld warm-up; %s)\n", t_f + t_b,
-              format_g(fb_tflops).c_str(), static_cast<long long>(iters),
-              static_cast<long long>(std::max<std::int64_t>(rc.warmup, 1)),
-              device.type == DeviceType::cuda ? "CUDA events" : "wall clock");
-  std::printf("  check      %s\n", plan.describe(c).c_str());
-  print_checks(checks);
-  std::printf("  result     %s\n", !plan.enabled ? "not checked" : pass ? "PASS" : "FAIL");
-  return pass ? 0 : 1;
+Runs forward and backward attention on random inputs with the best available backend
+(the GPU when the build has CUDA and a device is present, else the CPU; the dispatcher's
+default order picks the backend), times both passes, and checks out, lse, dq, dk, dv and
+dbias against the double-precision `reference` backend with the same dropout mask.
+Exits with 1 when an error exceeds its tolerance.
+)");
+  add_device(*app, rc->device, "default auto: cuda when present");
+  app->add_option("--backend", rc->backend,
+                  "allow only these backends, comma-separated in priority order\n"
+                  "(Options::backends), e.g. cuda, cpu, reference, cuda,cuda_math")
+      ->type_name("LIST");
+  add_shape_flags(*app, rc->shape);
+  add_checked(*app, "--iters", rc->iters, "N", integer(1),
+              "timed iterations per pass; the median is reported\n"
+              "(default 10 on cuda; 3 on cpu, 1 when a pass takes seconds)");
+  add_checked(*app, "--warmup", rc->warmup, "N", integer(0),
+              "untimed iterations before timing (default 1)");
+  add_checked(*app, "--check", rc->check, "MODE", check_mode(),
+              "auto (default: the whole problem when small, else batch 0 and the first heads),\n"
+              "full (every head), none (timing only), or N: batch 0 and the first N query heads\n"
+              "(rounded up to whole GQA groups)");
+  app->add_flag("--json", rc->json, "print one JSON object instead of the text report");
+  add_packed_flags(
+      *app, rc->seqlens, rc->kv_seqlens,
+      "packed variable-length sequences of these query lengths (cu_seqlens): q [total, Hq, D],\n"
+      "each sequence attends within itself; B, Lq and Lk are then ignored, a bias is refused");
+  add_checked(
+      *app, "--context-parallel", rc->context_parallel, "N", integer(1, 4096),
+      "ring attention over N ranks (docs/context_parallel.md): each rank holds a slice of the\n"
+      "queries and keys; checked rank by rank against the single-device run on the same\n"
+      "backends. cpu: every rank in this process (local ring); cuda: one process per GPU over\n"
+      "NCCL (started here, or by torchrun-style RANK/WORLD_SIZE/LOCAL_RANK)");
+  add_name(*app, "--cp-layout", rc->cp.layout,
+           {"auto", cp::layout_name(cp::Layout::contiguous), cp::layout_name(cp::Layout::zigzag)},
+           "auto (zigzag when causal, else contiguous), contiguous or zigzag (2N chunks; rank r\n"
+           "holds chunks r and 2N-1-r)");
+  add_name(*app, "--cp-transport", rc->cp.transport, {"auto", "local", "nccl"},
+           "auto (local on cpu; nccl on cuda with N > 1), local (every rank in this process, also\n"
+           "on one GPU) or nccl (one process per GPU)");
+  app->add_option(
+         "--nccl-id-file", rc->cp.id_file,
+         "where rank 0 writes the NCCL unique id for the others (default $MEMEFF_NCCL_ID_FILE, or\n"
+         "a temporary file when this program starts the ranks itself)")
+      ->type_name("PATH");
+  app->footer(
+      R"(defaults: B=2 Hq=Hkv=8 Lq=Lk=512 D=Dv=64, bf16 on cuda / fp32 on cpu, causal top_left,
+dropout 0.1, no bias, seed 0, offset 0.
+FLOPs: )" +
+      flops_help() + R"( the forward.
+check: inputs are N(0,1) rounded to the dtype; the reference recomputes in fp64 from the same
+values. Large shapes are checked on batch 0 and the first query heads: the dropout mask is
+keyed by b*Hq+h, so that prefix is an exact sub-problem (dbias, when it sums over heads
+outside it, is compared with the backend rerun on the sub-problem). When one head group is
+too large, out, lse and dq are checked on its first query rows (dk, dv, dbias: --check N).
+)" + tolerance_help());
+  return {app, [rc](const std::vector<std::string>& args) { return run(*rc, args); }};
 }
 
 }  // namespace memeff::cli

@@ -1,4 +1,5 @@
-// Host and device tensors, random inputs and comparisons of the memeff program (see cli_tensor.h).
+// Host and device tensors, random inputs and comparisons of the memeff program (see
+// cli_tensor.h): a counter-based normal generator, leading-box copies and max-error comparisons.
 #include "cli_tensor.h"
 
 #include <cmath>

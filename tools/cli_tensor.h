@@ -1,7 +1,6 @@
 // Tensors of the memeff program: contiguous [B, H, L, D] arrays on the host or a CUDA device,
-// random normal inputs (fast, seeded), dtype conversions and the comparison `memeff run`
-// reports. Host storage is the dtype's own bits, so the reference reads exactly the values the
-// backend read.
+// seeded random normal inputs, dtype conversions and the comparison `memeff run` reports. Host
+// storage is the dtype's own bits, so the reference reads exactly the values the backend read.
 #pragma once
 
 #include <array>

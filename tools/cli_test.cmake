@@ -1,7 +1,8 @@
-# Runs one memeff command line for CTest and checks its outcome: the exit status (EXPECT_RC,
-# default 0), optionally that stdout is one JSON object holding every key of JSON_KEYS (parsed
-# with CMake's own JSON reader, so no other tool is needed), and that stderr matches
-# EXPECT_STDERR. Usage: cmake -DMEMEFF=<program> "-DARGS=run|--device|cpu" [-DEXPECT_RC=2]
+# Runs one memeff command line for CTest and checks its outcome: the exit status, that stdout and
+# stderr match their regexes, and that stdout is one JSON object holding the keys asked for (read
+# with CMake's own JSON reader, so no other tool is needed).
+#
+# Usage: cmake -DMEMEFF=<program> "-DARGS=run|--device|cpu" [-DEXPECT_RC=2 (default 0)]
 #   [-DJSON_KEYS=backend|max_abs_err.out] [-DJSON_TRUE=pass] [-DEXPECT_STDERR=regex]
 #   [-DEXPECT_STDOUT=regex] -P cli_test.cmake
 cmake_minimum_required(VERSION 3.24)

@@ -1,14 +1,15 @@
-// The tolerances `memeff run` checks a backend against the reference with, in one place.
-// A tensor passes when max |backend - reference| <= atol + rtol · max |reference|, where the
-// reference ran in double on the same (already rounded) inputs with the same dropout mask, so
-// the budget covers only the backend's own arithmetic: roundings of P and of the outputs to the
-// storage dtype and fp32 accumulation. Gradients get twice the forward budget (one more product
-// and the softmax derivative).
+// The tolerances `memeff run` checks a backend against the reference with, in one place: a
+// tensor passes when max |backend - reference| <= atol + rtol · max |reference|.
 #pragma once
 
 #include "memeff/tensor.h"
 
 namespace memeff::cli {
+
+// The reference ran in double on the same (already rounded) inputs with the same dropout mask,
+// so the budget covers only the backend's own arithmetic: roundings of P and of the outputs to
+// the storage dtype and fp32 accumulation. Gradients get twice the forward budget (one more
+// product and the softmax derivative).
 
 struct CheckTolerance {
   double rtol = 0.0;

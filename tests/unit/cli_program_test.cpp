@@ -1,17 +1,18 @@
-// Tests of the memeff program (tools/cli_*.cpp, linked as memeff_cli_lib): the value parsers
-// name the flag they reject; bad command lines exit with 2; `memeff run` fails (exit 1) when a
-// backend's output is wrong, including through the sampled check; `memeff mask` writes exactly
-// memeff::dropout_keep in each of its formats.
+// Tests of the memeff program (tools/cli_*.cpp, linked as memeff_cli_lib): the options name the
+// flag they reject and take the library's one spelling of each causal mode and dtype; bad
+// command lines exit with 2; `memeff run` fails (exit 1) when a backend's output is wrong,
+// including through the sampled check; `memeff mask` writes exactly memeff::dropout_keep.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +31,39 @@ int run_program(std::vector<std::string> args) {
   for (std::string& a : args) argv.push_back(a.data());
   return main_program(static_cast<int>(argv.size()), argv.data());
 }
+
+// The exit status and what the program wrote on stderr.
+struct Outcome {
+  int rc = -1;
+  std::string err;
+};
+Outcome run_captured(std::vector<std::string> args) {
+  ::testing::internal::CaptureStderr();
+  Outcome o;
+  o.rc = run_program(std::move(args));
+  o.err = ::testing::internal::GetCapturedStderr();
+  return o;
+}
+
+// The message of parsing `args` with `app` (a CLI::ParseError, UsageError included), or "" when
+// they parse.
+std::string parse_error(CLI::App& app, std::vector<std::string> args) {
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  try {
+    app.parse(std::move(args));
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The shape flags of `memeff run` on an app of their own.
+struct ShapeFlags {
+  ShapeConfig config;
+  CLI::App app{"shape flags", "test"};
+  ShapeFlags() { add_shape_flags(app, config); }
+  std::string parse(std::vector<std::string> args) { return parse_error(app, std::move(args)); }
+};
 
 // The UsageError message of `fn`, or "" when it does not throw one.
 template <class Fn>
@@ -51,67 +85,122 @@ std::string read_file(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 TEST(CliParse, BiasPatterns) {
-  const BiasPattern none = parse_bias("--bias", "none");
+  const BiasPattern none = BiasPattern::from_text("none").value();
   EXPECT_FALSE(none.present);
-  const BiasPattern full = parse_bias("--bias", "full");
+  const BiasPattern full = BiasPattern::from_text("full").value();
   EXPECT_TRUE(full.present);
   EXPECT_FALSE(full.bcast_b || full.bcast_h || full.bcast_q);
   EXPECT_EQ(full.text(), "bhqk");
-  const BiasPattern p = parse_bias("--bias", "1hqk");
+  const BiasPattern p = BiasPattern::from_text("1hqk").value();
   EXPECT_TRUE(p.bcast_b);
   EXPECT_FALSE(p.bcast_h);
   EXPECT_FALSE(p.bcast_q);
-  const BiasPattern r = parse_bias("--bias", "b11k");
+  const BiasPattern r = BiasPattern::from_text("b11k").value();
   EXPECT_FALSE(r.bcast_b);
   EXPECT_TRUE(r.bcast_h && r.bcast_q);
   EXPECT_EQ(r.text(), "b11k");
   for (const char* bad : {"bhq1", "xhqk", "bhqkk", "", "1111", "hbqk"}) {
-    EXPECT_NE(usage_error([&] { parse_bias("--bias", bad); }).find("--bias"), std::string::npos) << bad;
+    EXPECT_FALSE(BiasPattern::from_text(bad)) << bad;
+    ShapeFlags f;
+    EXPECT_TRUE(contains(f.parse({"--bias", bad}), "--bias: expected none, full or a pattern"))
+        << bad;
   }
 }
 
 TEST(CliParse, ValuesNameTheFlag) {
-  EXPECT_EQ(parse_int("--lq", "129"), 129);
-  EXPECT_NE(usage_error([] { parse_int("--lq", "12x"); }).find("--lq"), std::string::npos);
-  EXPECT_NE(usage_error([] { parse_int("--heads", "0", 1); }).find(">= 1"), std::string::npos);
-  EXPECT_EQ(parse_u64("--seed", "18446744073709551615"), 18446744073709551615ull);
-  EXPECT_NE(usage_error([] { parse_u64("--seed", "-1"); }).find("--seed"), std::string::npos);
-  EXPECT_DOUBLE_EQ(parse_probability("--dropout", "0.25"), 0.25);
-  EXPECT_NE(usage_error([] { parse_probability("--dropout", "1"); }).find("[0, 1)"), std::string::npos);
-  EXPECT_NE(usage_error([] { parse_double("--scale", "nan"); }).find("--scale"), std::string::npos);
-  EXPECT_EQ(parse_dtype("--dtype", "bf16"), DType::bf16);
-  EXPECT_NE(usage_error([] { parse_dtype("--dtype", "fp64"); }).find("--dtype"), std::string::npos);
-  EXPECT_EQ(parse_causal("--causal", "bottom-right"), CausalMode::bottom_right);
-  EXPECT_EQ(parse_causal("--causal", "0"), CausalMode::none);
-  EXPECT_NE(usage_error([] { parse_causal("--causal", "left"); }).find("--causal"), std::string::npos);
-  const IndexRange r = parse_range("--rows", "3:10");
-  EXPECT_EQ(r.begin, 3);
-  EXPECT_EQ(r.end, 10);
-  EXPECT_EQ(parse_range("--b", "4").size(), 1);
-  EXPECT_NE(usage_error([] { parse_range("--cols", "9:3"); }).find("--cols"), std::string::npos);
+  ShapeFlags f;
+  ASSERT_EQ(f.parse({"--lq", "129", "--lk=010", "--seed", "18446744073709551615", "--offset",
+                     "0x10", "--dropout", "0.25", "--scale", "0.5"}),
+            "");
+  EXPECT_EQ(f.config.Lq, 129);
+  EXPECT_EQ(f.config.lk(), 10);  // decimal, not octal
+  EXPECT_EQ(f.config.seed, 18446744073709551615ull);
+  EXPECT_EQ(f.config.offset, 16u);
+  EXPECT_DOUBLE_EQ(f.config.dropout, 0.25);
+  EXPECT_DOUBLE_EQ(f.config.scale.value(), 0.5);
+  EXPECT_EQ(ShapeFlags().parse({"--lq", "12x"}), "--lq: expected an integer, got `12x`");
+  EXPECT_EQ(ShapeFlags().parse({"--heads", "0"}), "--heads: expected an integer >= 1, got 0");
+  EXPECT_TRUE(contains(ShapeFlags().parse({"--seed", "-1"}),
+                       "--seed: expected an unsigned 64-bit integer"));
+  EXPECT_TRUE(contains(ShapeFlags().parse({"--dropout", "1"}),
+                       "--dropout: expected a probability in [0, 1)"));
+  EXPECT_TRUE(
+      contains(ShapeFlags().parse({"--scale", "nan"}), "--scale: expected a finite number"));
+  const std::optional<IndexRange> r = IndexRange::from_text("3:10");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->begin, 3);
+  EXPECT_EQ(r->end, 10);
+  EXPECT_EQ(IndexRange::from_text("4").value().size(), 1);
+  for (const char* bad : {"9:3", "-1", "1:x", ""}) EXPECT_FALSE(IndexRange::from_text(bad)) << bad;
+  EXPECT_EQ(lengths_from_text("3,0,17").value(), (std::vector<std::int64_t>{3, 0, 17}));
+  EXPECT_FALSE(lengths_from_text("3,-1"));
 }
 
-TEST(CliParse, FlagParser) {
-  std::int64_t n = 0;
-  std::vector<std::string> many;
-  bool on = false;
-  FlagParser p("memeff test", "test");
-  p.add({"--n", "N", "n", [&](const std::string& v) { n = parse_int("--n", v); }});
-  p.add({"--many", "X...", "many", [&](const std::string& v) { many.push_back(v); }, true});
-  p.add({"--on", "", "switch", [&](const std::string&) { on = true; }});
-  p.parse({"--n=5", "--many", "a", "b", "-3", "--on"});
-  EXPECT_EQ(n, 5);
-  EXPECT_EQ(many, (std::vector<std::string>{"a", "b", "-3"}));
-  EXPECT_TRUE(on);
-  EXPECT_NE(usage_error([&] { p.parse({"--bogus"}); }).find("unknown flag `--bogus`"), std::string::npos);
-  EXPECT_NE(usage_error([&] { p.parse({"--n"}); }).find("--n: expected a value"), std::string::npos);
-  EXPECT_NE(usage_error([&] { p.parse({"stray"}); }).find("unexpected argument"), std::string::npos);
-  EXPECT_NE(usage_error([&] { p.parse({"--on=1"}); }).find("takes no value"), std::string::npos);
+// The program spells every causal mode and dtype as the library does, and nothing else.
+TEST(CliParse, EnumsTakeTheLibrarysSpellingOnly) {
+  for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
+    ShapeFlags f;
+    f.config.causal = m == CausalMode::none ? CausalMode::top_left : CausalMode::none;
+    ASSERT_EQ(f.parse({"--causal", causal_mode_name(m)}), "") << causal_mode_name(m);
+    EXPECT_EQ(f.config.causal, m) << causal_mode_name(m);
+  }
+  for (const char* old : {"top-left", "bottom-right", "0", "1", "2", "causal", ""}) {
+    EXPECT_EQ(ShapeFlags().parse({"--causal", old}),
+              std::string("--causal: expected none, top_left or bottom_right, got `") + old + "`");
+  }
+  for (DType d : {DType::f32, DType::f16, DType::bf16}) {
+    ShapeFlags f;
+    ASSERT_EQ(f.parse({"--dtype", dtype_name(d)}), "") << dtype_name(d);
+    EXPECT_EQ(f.config.dtype, d) << dtype_name(d);
+  }
+  for (const char* refused : {"float32", "f32", "bfloat16", "fp64", "int32"}) {
+    EXPECT_EQ(ShapeFlags().parse({"--dtype", refused}),
+              std::string("--dtype: expected fp32, fp16 or bf16, got `") + refused + "`");
+  }
+  ShapeConfig c;
+  c.causal = CausalMode::bottom_right;
+  EXPECT_TRUE(contains(c.describe(DType::bf16), "bf16 causal=bottom_right"))
+      << c.describe(DType::bf16);
+}
+
+TEST(CliParse, CommandLineForms) {
+  // --flag=value, several values after one flag, and negative numbers as values.
+  ShapeFlags f;
+  EXPECT_EQ(f.parse({"--batch=3", "--heads", "6", "--kv-heads=3"}), "");
+  EXPECT_EQ(f.config.B, 3);
+  EXPECT_EQ(f.config.hkv(), 3);
+  EXPECT_EQ(ShapeFlags().parse({"--lq"}), "--lq: 1 required N missing");
+  EXPECT_TRUE(contains(ShapeFlags().parse({"--bogus"}), "--bogus"));
+
+  const Outcome bogus = run_captured({"run", "--bogus=3"});
+  EXPECT_EQ(bogus.rc, 2);
+  EXPECT_TRUE(contains(bogus.err, "`memeff run`: unknown flag `--bogus` (see `memeff run --help`)"))
+      << bogus.err;
+  const Outcome stray = run_captured({"mask", "--lq", "8", "stray"});
+  EXPECT_EQ(stray.rc, 2);
+  EXPECT_TRUE(contains(stray.err, "`memeff mask`: unexpected argument `stray`")) << stray.err;
+  const Outcome causal = run_captured({"run", "--causal", "bottom-right"});
+  EXPECT_EQ(causal.rc, 2);
+  EXPECT_TRUE(
+      contains(causal.err, "--causal: expected none, top_left or bottom_right, got `bottom-right`"))
+      << causal.err;
+  const Outcome format = run_captured({"mask", "--format", "png"});
+  EXPECT_EQ(format.rc, 2);
+  EXPECT_TRUE(contains(format.err, "--format: expected text, bits or npy, got `png`"))
+      << format.err;
+  const Outcome check = run_captured({"run", "--check", "0"});
+  EXPECT_EQ(check.rc, 2);
+  EXPECT_TRUE(contains(check.err, "--check: expected auto, full, none or a number of heads >= 1"))
+      << check.err;
 }
 
 TEST(CliParse, ShapeLines) {
-  const ShapeConfig c = parse_shape_line("2,8,2,128,256,64,32,bottom-right,0.2,bf16", "f:1");
+  const ShapeConfig c = parse_shape_line("2,8,2,128,256,64,32,bottom_right,0.2,bf16", "f:1");
   EXPECT_EQ(c.B, 2);
   EXPECT_EQ(c.Hq, 8);
   EXPECT_EQ(c.hkv(), 2);
@@ -125,15 +214,27 @@ TEST(CliParse, ShapeLines) {
   const ShapeConfig short_form = parse_shape_line("1,4,4,64,64,32", "f:2");
   EXPECT_EQ(short_form.dv(), 32);
   EXPECT_EQ(short_form.causal, CausalMode::top_left);  // the run defaults
+  EXPECT_EQ(parse_shape_line("1,4,4,64,64,32,32,none", "f:2").causal, CausalMode::none);
   const ShapeConfig flags = parse_shape_line("  --batch 3 --heads 6 --kv-heads 3 --lq 17 --bias 1hqk ", "f:3");
   EXPECT_EQ(flags.B, 3);
   EXPECT_EQ(flags.hkv(), 3);
   EXPECT_EQ(flags.lk(), 17);
   EXPECT_TRUE(flags.bias.present && flags.bias.bcast_b);
-  EXPECT_NE(usage_error([] { parse_shape_line("1,4,3,64,64,32", "shapes.txt:7"); }).find("shapes.txt:7"),
-            std::string::npos);  // 4 query heads over 3 kv heads
-  EXPECT_NE(usage_error([] { parse_shape_line("1,4,4", "shapes.txt:8"); }).find("shapes.txt:8"), std::string::npos);
-  EXPECT_NE(usage_error([] { parse_shape_line("--bogus 3", "s:9"); }).find("--bogus"), std::string::npos);
+  EXPECT_TRUE(contains(usage_error([] { parse_shape_line("1,4,3,64,64,32", "shapes.txt:7"); }),
+                       "shapes.txt:7"));
+  EXPECT_TRUE(
+      contains(usage_error([] { parse_shape_line("1,4,4", "shapes.txt:8"); }), "shapes.txt:8"));
+  EXPECT_TRUE(contains(usage_error([] { parse_shape_line("--bogus 3", "s:9"); }), "--bogus"));
+  EXPECT_TRUE(contains(usage_error([] { parse_shape_line("--help", "s:10"); }), "s:10"));
+  // The compact form's causal and dtype fields take the same spellings as the flags.
+  EXPECT_EQ(usage_error([] { parse_shape_line("1,4,4,64,64,32,32,1", "s:11"); }),
+            "s:11: causal: expected none, top_left or bottom_right, got `1`");
+  EXPECT_EQ(usage_error([] { parse_shape_line("1,4,4,64,64,32,32,top-left", "s:12"); }),
+            "s:12: causal: expected none, top_left or bottom_right, got `top-left`");
+  EXPECT_EQ(usage_error([] { parse_shape_line("1,4,4,64,64,32,32,none,0,float32", "s:13"); }),
+            "s:13: dtype: expected fp32, fp16 or bf16, got `float32`");
+  EXPECT_EQ(usage_error([] { parse_shape_line("1,0,4,64,64,32", "s:14"); }),
+            "s:14: Hq: expected an integer >= 1, got 0");
 }
 
 TEST(CliProgram, BadCommandLinesExitWith2) {
@@ -143,9 +244,56 @@ TEST(CliProgram, BadCommandLinesExitWith2) {
   EXPECT_EQ(run_program({"run", "--batch", "two"}), 2);
   EXPECT_EQ(run_program({"run", "--causal", "sideways"}), 2);
   EXPECT_EQ(run_program({"run", "--heads", "6", "--kv-heads", "4"}), 2);
+  EXPECT_EQ(run_program({"run", "--context-parallel", "4097"}), 2);
   EXPECT_EQ(run_program({"mask", "--lq", "8", "--rows", "2:9"}), 2);
+  EXPECT_EQ(run_program({"explain", "--pass", "fwd"}), 2);
   EXPECT_EQ(run_program({"bench", "--shapes", "1,2,3"}), 2);
   EXPECT_EQ(run_program({"tune"}), 2);
+}
+
+// `memeff bench --shapes` keeps the PyTorch peer script's numeric causal field: 1 is top_left, 0
+// none, anything else (a mode's name included) is refused.
+TEST(CliProgram, BenchShapesTakeThePeerScriptsCausalField) {
+  const Outcome named =
+      run_captured({"bench", "--device", "cpu", "--shapes", "1,1,8,8,8,top_left"});
+  EXPECT_EQ(named.rc, 2);
+  EXPECT_TRUE(
+      contains(named.err, "--shapes `1,1,8,8,8,top_left`: causal: expected 0 or 1, got `top_left`"))
+      << named.err;
+  EXPECT_EQ(run_program({"bench", "--device", "cpu", "--shapes", "1,1,8,8,8,2"}), 2);
+  // 4 query heads over 3 key/value heads.
+  EXPECT_EQ(run_program({"bench", "--device", "cpu", "--shapes", "1,4,8,8,8,0,3"}), 2);
+
+  const auto path = temp_file("bench.json");
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int rc = run_program({"bench", "--device", "cpu", "--shapes", "1,2,40,40,16,1",
+                              "1,2,40,40,16,0,1", "--dropout", "0", "0.2", "--iters", "1",
+                              "--warmup", "0", "--json", path.string()});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json doc = nlohmann::json::parse(read_file(path));
+  const auto& rows = doc.at("rows");
+  ASSERT_EQ(rows.size(), 4u) << doc;  // two shapes times two dropouts
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    EXPECT_EQ(row.at("causal"), i < 2) << row;
+    EXPECT_EQ(row.at("Hkv"), i < 2 ? 2 : 1) << row;
+    EXPECT_EQ(row.at("dropout"), i % 2 ? 0.2 : 0.0) << row;
+    // The rates count the forward's FLOPs times pass_flop_factor and training_flop_factor.
+    const double fwd_flops = row.at("fwd_tflops").get<double>() * row.at("fwd_ms").get<double>();
+    const double bwd_flops = row.at("bwd_tflops").get<double>() * row.at("bwd_ms").get<double>();
+    const double both_flops = row.at("fwdbwd_tflops").get<double>() *
+                              (row.at("fwd_ms").get<double>() + row.at("bwd_ms").get<double>());
+    EXPECT_NEAR(fwd_flops * 1e9,
+                attention_flops(1, 2, 40, 40, 16, i < 2 ? CausalMode::top_left : CausalMode::none),
+                1e-6 * fwd_flops * 1e9)
+        << row;
+    EXPECT_NEAR(bwd_flops, pass_flop_factor(Pass::backward) * fwd_flops, 1e-9 * bwd_flops) << row;
+    EXPECT_NEAR(both_flops, training_flop_factor() * fwd_flops, 1e-9 * both_flops) << row;
+  }
+  std::filesystem::remove(path);
 }
 
 // A CPU backend that runs the reference and then corrupts one element of one output, to show
@@ -204,6 +352,24 @@ TEST_F(CliRunCheck, CorrectBackendPasses) {
   EXPECT_EQ(doc_.at("p_effective"), 0.19921875) << json_;
   for (const char* key : {"fwd_ms", "bwd_ms", "tflops"}) EXPECT_TRUE(doc_.at(key).is_number()) << key;
   for (const char* key : {"dbias", "dq"}) EXPECT_TRUE(doc_.at("max_abs_err").contains(key)) << key;
+}
+
+TEST_F(CliRunCheck, ReportsTheCausalModeAndRatesAsTheLibraryCounts) {
+  EXPECT_EQ(
+      run_with(CorruptingBackend::Target::none, {"--causal", "bottom_right", "--dtype", "fp32"}), 0)
+      << json_;
+  ASSERT_FALSE(doc_.is_discarded()) << json_;
+  EXPECT_EQ(doc_.at("causal"), causal_mode_name(CausalMode::bottom_right)) << json_;
+  EXPECT_EQ(doc_.at("dtype"), dtype_name(DType::f32)) << json_;
+  const double fwd_ms = doc_.at("fwd_ms").get<double>(), bwd_ms = doc_.at("bwd_ms").get<double>();
+  const double flops = attention_flops(2, 4, 33, 70, 16, CausalMode::bottom_right);
+  EXPECT_NEAR(doc_.at("fwd_tflops").get<double>() * fwd_ms * 1e9, flops, 1e-6 * flops) << json_;
+  EXPECT_NEAR(doc_.at("bwd_tflops").get<double>() * bwd_ms * 1e9,
+              pass_flop_factor(Pass::backward) * flops, 1e-6 * flops)
+      << json_;
+  EXPECT_NEAR(doc_.at("tflops").get<double>() * (fwd_ms + bwd_ms) * 1e9,
+              training_flop_factor() * flops, 1e-6 * flops)
+      << json_;
 }
 
 TEST_F(CliRunCheck, WrongOutputFails) {
