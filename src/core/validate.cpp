@@ -18,6 +18,9 @@ namespace {
 
 constexpr const char* kDimNames = "BHLD";
 constexpr const char* kPackedDimNames = "THD";  // packed: [total rows, heads, head dim]
+constexpr std::int64_t kMaxElementBytes = 8;    // fp64
+// The vectors of Problem::vector_aligned: what kernels loading 16-byte vectors need.
+constexpr std::int64_t kVectorBytes = 16;
 
 [[noreturn]] void fail(const std::string& arg, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, "argument `" + arg + "`: " + what);
@@ -46,8 +49,8 @@ void check_view(const char* name, const TensorView& t, int rank) {
       fail(name, "sizes and strides overflow 64-bit offsets (" + shape_str(t) + ")");
     }
   }
-  // Byte offsets (8 bytes at most per element, and one past the end) stay in range too.
-  if (reach > std::numeric_limits<std::int64_t>::max() / 16) {
+  // Byte offsets (kMaxElementBytes per element, and one past the end) stay in range too.
+  if (reach > std::numeric_limits<std::int64_t>::max() / (2 * kMaxElementBytes)) {
     fail(name, "sizes and strides overflow 64-bit offsets (" + shape_str(t) + ")");
   }
   if (t.data == nullptr && t.numel() != 0) {
@@ -177,10 +180,10 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
 // are never stepped over, so their strides do not matter).
 bool vector_aligned(const TensorView& t) {
   if (t.data == nullptr || t.numel() == 0) return true;
-  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) return false;
+  if (reinterpret_cast<std::uintptr_t>(t.data) % kVectorBytes != 0) return false;
   const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
   for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.shape[d] > 1 && (t.stride[d] * size) % 16 != 0) return false;
+    if (t.shape[d] > 1 && (t.stride[d] * size) % kVectorBytes != 0) return false;
   }
   return true;
 }
