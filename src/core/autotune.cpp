@@ -235,7 +235,7 @@ void persist(Store& s) {
     ::unlink(tmp.c_str());
     return degrade("renaming " + tmp + ": " + why);
   }
-  // What other processes tuned meanwhile is now known here too.
+  // Memory takes in what other processes tuned meanwhile.
   for (auto& [key, e] : merged) s.entries.emplace(key, e);
 }
 
@@ -263,9 +263,9 @@ std::string tune_key(const Problem& p, Pass pass,
      << "|bias=" << p.bias_pattern();
   if (p.has_bias) os << ":" << dtype_name(p.bias_dtype);
   if (p.packed) os << "|packed";  // sequences of at most lq/lk rows, S = bh / heads
-  // Global coordinates only where used, so the keys of ordinary calls (and caches) stay as they
-  // were. What changes the work is the causal shift and whether keys start off a 64-key dropout
-  // block, not the starts themselves (a long ring would otherwise fill the cache file).
+  // Global coordinates only where used: an ordinary call's key has no field for them. What
+  // changes the work is the causal shift and whether keys start off a 64-key dropout block, not
+  // the starts themselves (a long ring would otherwise fill the cache file).
   if (p.has_global_coordinates()) {
     if (p.causal != CausalMode::none) os << "|shift=" << p.causal_shift();
     os << "|k_start%64=" << p.k_start % 64 << (p.kv_block ? "|kv_block" : "");

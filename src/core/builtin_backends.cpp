@@ -1,4 +1,6 @@
-// The list of backends compiled into this build.
+// The backends compiled into this build: the two host backends always, the CUDA ones when the
+// build has CUDA. The registry (registry.cpp) starts from this list, so a new built-in backend
+// is added here and nowhere else.
 #include "core/builtin_backends.h"
 
 namespace memeff::detail {

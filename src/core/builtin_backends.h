@@ -1,4 +1,6 @@
-// Factories of the backends that ship with memeff; the registry adds them on first use.
+// Factories of the backends that ship with memeff, one per backend source file, and the list of
+// them (builtin_backends.cpp) that the registry adds on first use: core names the backends
+// without including any backend's header.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // The per-thread decision cache of the hot path (see decision_cache.h). Thread-local, so a hit
-// takes no lock: one atomic load for the generation, a hash of 15 words and a comparison.
+// takes no lock: one atomic load for the generation, a hash of the key's words and a comparison.
 #include "core/decision_cache.h"
 
 #include <atomic>
@@ -19,23 +19,31 @@ std::atomic<std::uint64_t> g_generation{1};
 // shapes; a training loop sees a handful).
 constexpr std::size_t kMaxEntries = 1024;
 
+// The hashes' published constants: 2^64 / golden ratio, splitmix64's two multipliers, and 64-bit
+// FNV-1a's prime and offset basis.
+constexpr std::uint64_t kGoldenRatio64 = 0x9e3779b97f4a7c15ull;
+constexpr std::uint64_t kSplitMixM1 = 0xbf58476d1ce4e5b9ull;
+constexpr std::uint64_t kSplitMixM2 = 0x94d049bb133111ebull;
+constexpr std::uint64_t kFnvPrime = 0x100000001b3ull;
+constexpr std::uint64_t kFnvOffsetBasis = 0xcbf29ce484222325ull;
+
 std::uint64_t mix(std::uint64_t h, std::uint64_t word) {
   // splitmix64's finalizer over a running combination: cheap and well spread.
-  h ^= word + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= word + kGoldenRatio64 + (h << 6) + (h >> 2);
   h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
+  h *= kSplitMixM1;
   h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
+  h *= kSplitMixM2;
   return h ^ (h >> 31);
 }
 
 std::uint64_t hash_text(std::uint64_t h, std::string_view text) {
-  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;  // FNV-1a
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * kFnvPrime;  // FNV-1a
   return mix(h, text.size());
 }
 
 std::uint64_t order_hash(const OrderRef& order) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
+  std::uint64_t h = kFnvOffsetBasis;
   if (order.names) {
     for (const std::string& name : *order.names) h = hash_text(h, name);
   } else if (order.env) {
@@ -107,8 +115,9 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   w[12] = order_hash(order);
   w[13] = static_cast<std::uint64_t>(p.total_q);  // packed calls (0 otherwise)
   w[14] = static_cast<std::uint64_t>(p.total_k);
-  // The starts themselves, not a class of them: a backend may refuse some (the Hopper backward
-  // will want k_start % 64 == 0), and a ring step meets only a handful of distinct values.
+  // The starts themselves, not a class of them: a backend may refuse some (the fused CUDA
+  // kernels refuse dropout at a k_start off the 64-key blocks), and a ring step meets only a
+  // handful of distinct values.
   w[15] = static_cast<std::uint64_t>(p.q_start);
   w[16] = static_cast<std::uint64_t>(p.k_start);
   return key;

@@ -65,7 +65,7 @@ std::vector<std::string> reasons_for(const Backend& backend, const Problem& prob
   }
   std::vector<std::string> reasons;
   if (problem.has_global_coordinates() && !backend.supports_global_coordinates()) {
-    // A backend that predates q_start/k_start/kv_block would run the call as a standalone
+    // A backend that ignores q_start/k_start/kv_block would run the call as a standalone
     // attention: a wrong mask, not an error.
     reasons.push_back(
         "global coordinates (q_start, k_start) and kv_block calls: not supported by this backend "
@@ -311,7 +311,7 @@ PreparedCall& PreparedCall::operator=(PreparedCall&&) noexcept = default;
 PreparedCall::~PreparedCall() = default;
 
 // The hot path: the cached decision of this signature, else the first eligible backend (or, with
-// the log or autotune on, the full decision, logged as before), remembered for the next call.
+// the log or autotune on, the full decision, logged), remembered for the next call.
 void PreparedCall::choose(bool may_tune) {
   using namespace detail;
   const OrderRef order = order_ref(options_);

@@ -81,13 +81,14 @@ DropoutThreshold dropout_threshold(double p) {
     throw Error(ErrorCode::invalid_argument,
                 "argument `dropout_p`: expected a probability in [0, 1), got " + std::to_string(p));
   }
-  long t = std::lround(256.0 * (1.0 - p));
+  constexpr long kByteValues = 256;  // an element is kept when its random byte is below t
+  long t = std::lround(static_cast<double>(kByteValues) * (1.0 - p));
   if (t < 1) t = 1;
-  if (t > 256) t = 256;
+  if (t > kByteValues) t = kByteValues;
   DropoutThreshold d;
   d.threshold = static_cast<std::uint32_t>(t);
-  d.p_effective = 1.0 - static_cast<double>(t) / 256.0;
-  d.keep_scale = 256.0 / static_cast<double>(t);
+  d.p_effective = 1.0 - static_cast<double>(t) / kByteValues;
+  d.keep_scale = static_cast<double>(kByteValues) / static_cast<double>(t);
   return d;
 }
 

@@ -1,4 +1,6 @@
-// MEMEFF_HD marks functions shared by host code and CUDA kernels; plain C++ sees inline only.
+// MEMEFF_HD marks functions shared by host code and CUDA kernels (the Philox generator and the
+// dropout map), so the CPU backends and the kernels compile the same source: nvcc sees
+// __host__ __device__, plain C++ sees inline only.
 #pragma once
 
 #if defined(__CUDACC__)

@@ -1,4 +1,6 @@
-// Packed sequences on the host (see packed.h).
+// Packed sequences on the host (see packed.h): the per-sequence views, problems and arguments
+// that let a host backend run a packed call as one dense B = 1 call per sequence, drawing the
+// padded batch's dropout mask.
 #include "core/packed.h"
 
 #include <cstdint>

@@ -1,4 +1,6 @@
-// TensorView helpers and names of the vocabulary types.
+// The definitions behind memeff/tensor.h and the names in memeff/attention.h: TensorView's
+// constructors and description, element access by dtype, the spellings of dtypes, devices,
+// causal modes and error codes (one each, for messages and parsing), and the FLOP formulas.
 #include <limits>
 #include <sstream>
 #include <vector>

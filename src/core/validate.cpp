@@ -18,6 +18,9 @@ namespace {
 
 constexpr const char* kDimNames = "BHLD";
 constexpr const char* kPackedDimNames = "THD";  // packed: [total rows, heads, head dim]
+constexpr std::int64_t kMaxElementBytes = 8;    // fp64
+// The vectors of Problem::vector_aligned: what kernels loading 16-byte vectors need.
+constexpr std::int64_t kVectorBytes = 16;
 
 [[noreturn]] void fail(const std::string& arg, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, "argument `" + arg + "`: " + what);
@@ -46,8 +49,8 @@ void check_view(const char* name, const TensorView& t, int rank) {
       fail(name, "sizes and strides overflow 64-bit offsets (" + shape_str(t) + ")");
     }
   }
-  // Byte offsets (8 bytes at most per element, and one past the end) stay in range too.
-  if (reach > std::numeric_limits<std::int64_t>::max() / 16) {
+  // Byte offsets (kMaxElementBytes per element, and one past the end) stay in range too.
+  if (reach > std::numeric_limits<std::int64_t>::max() / (2 * kMaxElementBytes)) {
     fail(name, "sizes and strides overflow 64-bit offsets (" + shape_str(t) + ")");
   }
   if (t.data == nullptr && t.numel() != 0) {
@@ -177,10 +180,10 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
 // are never stepped over, so their strides do not matter).
 bool vector_aligned(const TensorView& t) {
   if (t.data == nullptr || t.numel() == 0) return true;
-  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) return false;
+  if (reinterpret_cast<std::uintptr_t>(t.data) % kVectorBytes != 0) return false;
   const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
   for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.shape[d] > 1 && (t.stride[d] * size) % 16 != 0) return false;
+    if (t.shape[d] > 1 && (t.stride[d] * size) % kVectorBytes != 0) return false;
   }
   return true;
 }
@@ -222,6 +225,15 @@ void check_offsets_view(const char* name, const TensorView& cu, const TensorView
   }
 }
 
+// The sizes both layouts, dense [B, H, L, D] and packed [total, H, D], keep in the same places:
+// the heads second, the head dim last.
+void read_heads(const TensorView& q, const TensorView& k, const TensorView& v, Problem& p) {
+  p.Hq = q.shape[1];
+  p.D = q.shape[q.rank - 1];
+  p.Hkv = k.shape[1];
+  p.Dv = v.shape[v.rank - 1];
+}
+
 // The sizes of a packed call (PackedSequences); the offsets' values are checked separately
 // (validate_packed_offsets), on the host or after a copy from the device.
 Problem packed_problem(const AttentionArgs& args) {
@@ -240,12 +252,9 @@ Problem packed_problem(const AttentionArgs& args) {
   Problem p;
   p.packed = true;
   p.B = ps.cu_seqlens_q.shape[0] - 1;
+  read_heads(q, k, v, p);
   p.total_q = q.shape[0];
-  p.Hq = q.shape[1];
-  p.D = q.shape[2];
   p.total_k = k.shape[0];
-  p.Hkv = k.shape[1];
-  p.Dv = v.shape[2];
   p.Lq = ps.max_seqlen_q;
   p.Lk = ps.max_seqlen_k;
   check_dim("k", k, 2, p.D, "(the head dim of q)");
@@ -313,13 +322,10 @@ Problem dense_problem(const AttentionArgs& args) {
   check_view("v", args.v, 4);
   const TensorView &q = args.q, &k = args.k, &v = args.v;
   Problem p;
+  read_heads(q, k, v, p);
   p.B = q.shape[0];
-  p.Hq = q.shape[1];
   p.Lq = q.shape[2];
-  p.D = q.shape[3];
-  p.Hkv = k.shape[1];
   p.Lk = k.shape[2];
-  p.Dv = v.shape[3];
   check_dim("k", k, 0, p.B, "(the batch of q)");
   check_dim("k", k, 3, p.D, "(the head dim of q)");
   check_dim("v", v, 0, p.B, "(the batch of q)");
@@ -451,40 +457,38 @@ Problem validate_inputs(const AttentionArgs& args) {
 
 namespace {
 
-void check_dense_outputs(const Problem& p, const TensorView& out, const TensorView& lse) {
-  check_view("out", out, 4);
-  check_view("lse", lse, 3);
+// out and lse as forward writes them: [B, Hq, Lq, Dv] and [B, Hq, Lq], or with packed sequences
+// [total_q, Hq, Dv] and [Hq, total_q]; lse always fp32.
+void check_outputs(const Problem& p, const TensorView& out, const TensorView& lse) {
+  struct Size {
+    std::int64_t value;
+    const char* why;
+  };
+  const Size dense_out[] = {{p.B, "(the batch of q)"},
+                            {p.Hq, "(the heads of q)"},
+                            {p.Lq, "(the queries of q)"},
+                            {p.Dv, "(the head dim of v)"}};
+  const Size packed_out[] = {{p.total_q, "(the packed queries of q)"},
+                             {p.Hq, "(the heads of q)"},
+                             {p.Dv, "(the head dim of v)"}};
+  const std::span<const Size> out_sizes = p.packed ? std::span<const Size>(packed_out) : dense_out;
+  const int rank = static_cast<int>(out_sizes.size());
+  check_view("out", out, rank);
+  check_view("lse", lse, rank - 1);
   check_dtype("out", out, p.dtype, "(the dtype of q)");
   check_dtype("lse", lse, DType::f32, "(lse is always fp32)");
   check_device("out", out, p.device);
   check_device("lse", lse, p.device);
-  check_dim("out", out, 0, p.B, "(the batch of q)");
-  check_dim("out", out, 1, p.Hq, "(the heads of q)");
-  check_dim("out", out, 2, p.Lq, "(the queries of q)");
-  check_dim("out", out, 3, p.Dv, "(the head dim of v)");
-  for (int d = 0; d < 3; ++d) {
-    const std::int64_t want[3] = {p.B, p.Hq, p.Lq};
-    if (lse.shape[d] != want[d]) {
-      fail("lse", "expected shape [B, Hq, Lq] = [" + std::to_string(p.B) + ", " +
-                      std::to_string(p.Hq) + ", " + std::to_string(p.Lq) + "], got " +
-                      shape_str(lse));
+  for (int d = 0; d < rank; ++d) check_dim("out", out, d, out_sizes[d].value, out_sizes[d].why);
+  if (p.packed) {
+    if (lse.shape[0] != p.Hq || lse.shape[1] != p.total_q) {
+      fail("lse", "expected shape [Hq, total_q] = [" + std::to_string(p.Hq) + ", " +
+                      std::to_string(p.total_q) + "] for packed sequences, got " + shape_str(lse));
     }
-  }
-}
-
-void check_packed_outputs(const Problem& p, const TensorView& out, const TensorView& lse) {
-  check_view("out", out, 3);
-  check_view("lse", lse, 2);
-  check_dtype("out", out, p.dtype, "(the dtype of q)");
-  check_dtype("lse", lse, DType::f32, "(lse is always fp32)");
-  check_device("out", out, p.device);
-  check_device("lse", lse, p.device);
-  check_dim("out", out, 0, p.total_q, "(the packed queries of q)");
-  check_dim("out", out, 1, p.Hq, "(the heads of q)");
-  check_dim("out", out, 2, p.Dv, "(the head dim of v)");
-  if (lse.shape[0] != p.Hq || lse.shape[1] != p.total_q) {
-    fail("lse", "expected shape [Hq, total_q] = [" + std::to_string(p.Hq) + ", " +
-                    std::to_string(p.total_q) + "] for packed sequences, got " + shape_str(lse));
+  } else if (lse.shape[0] != p.B || lse.shape[1] != p.Hq || lse.shape[2] != p.Lq) {
+    fail("lse", "expected shape [B, Hq, Lq] = [" + std::to_string(p.B) + ", " +
+                    std::to_string(p.Hq) + ", " + std::to_string(p.Lq) + "], got " +
+                    shape_str(lse));
   }
 }
 
@@ -492,11 +496,7 @@ void check_packed_outputs(const Problem& p, const TensorView& out, const TensorV
 
 Problem validate_forward(const AttentionArgs& args, const TensorView& out, const TensorView& lse) {
   Problem p = validate_inputs(args);
-  if (p.packed) {
-    check_packed_outputs(p, out, lse);
-  } else {
-    check_dense_outputs(p, out, lse);
-  }
+  check_outputs(p, out, lse);
   check_no_self_overlap("out", out);
   check_no_self_overlap("lse", lse);
   const std::array<Named, 4> inputs = {{{"q", &args.q},

@@ -23,7 +23,7 @@ namespace {
 
 using detail::DeviceBuffer;
 
-constexpr std::size_t kAlign = 256;
+constexpr std::size_t kAlign = detail::kBufferAlign;  // where each piece of the scratch starts
 
 [[noreturn]] void fail(const std::string& arg, const std::string& what) {
   throw Error(ErrorCode::invalid_argument, "argument `" + arg + "`: " + what);
@@ -83,7 +83,7 @@ struct RingShape {
   std::array<std::int64_t, 4> bias_shape{};
   DType bias_dtype = DType::f32;
   CausalMode causal = CausalMode::none;
-  std::vector<BlockPair> schedule;
+  std::vector<BlockPair> schedule{};
 };
 
 // The arguments without the parts the single-call validators cannot judge (the bias spans every
@@ -112,19 +112,18 @@ RingShape ring_shape(const ContextParallelArgs& args, const Problem& p, int rank
     fail(a.kv_block ? "local.kv_block" : (a.q_start ? "local.q_start" : "local.k_start"),
          "must be unset: the ring sets the global coordinates of each block call");
   }
-  RingShape s;
-  s.rank = rank;
-  s.ranks = ranks;
-  s.B = p.B;
-  s.Hq = p.Hq;
-  s.Hkv = p.Hkv;
-  s.D = p.D;
-  s.Dv = p.Dv;
-  s.lq = p.Lq;
-  s.lk = p.Lk;
-  s.dtype = p.dtype;
-  s.acc = p.dtype == DType::f64 ? DType::f64 : DType::f32;
-  s.device = p.device;
+  RingShape s{.rank = rank,
+              .ranks = ranks,
+              .B = p.B,
+              .Hq = p.Hq,
+              .Hkv = p.Hkv,
+              .D = p.D,
+              .Dv = p.Dv,
+              .lq = p.Lq,
+              .lk = p.Lk,
+              .dtype = p.dtype,
+              .acc = p.dtype == DType::f64 ? DType::f64 : DType::f32,
+              .device = p.device};
   if (s.lq != args.q_partition.local_length(rank)) {
     fail("local.q", "expected " + std::to_string(args.q_partition.local_length(rank)) +
                         " query rows (rank " + std::to_string(rank) +
@@ -279,10 +278,16 @@ std::size_t block_workspace(const ContextParallelArgs& args, const RingShape& s,
   return most;
 }
 
-// The ring's scratch: the caller's workspace, or an allocation for this call.
+// The ring's scratch for one pass (the caller's workspace, or an allocation for this call) carved
+// into its buffers, and the options its block calls run with: their workspace is carved from it.
 class Scratch {
  public:
-  Scratch(const RingShape& s, std::size_t need, const Options& options) {
+  Scratch(const ContextParallelArgs& args, const RingShape& s, Pass pass, bool want_dbias,
+          const Options& options)
+      : block_options(options) {
+    const std::size_t block_ws = block_workspace(args, s, pass, options);
+    const std::size_t need = carve(s, pass, want_dbias, block_ws, nullptr).total;
+    void* base = nullptr;
     if (options.workspace) {
       if (options.workspace_bytes < need) {
         fail("workspace", "the ring needs " + std::to_string(need) +
@@ -290,17 +295,74 @@ class Scratch {
                               std::to_string(options.workspace_bytes));
       }
       const auto addr = reinterpret_cast<std::uintptr_t>(options.workspace);
-      base_ = reinterpret_cast<void*>((addr + kAlign - 1) / kAlign * kAlign);
+      base = reinterpret_cast<void*>((addr + kAlign - 1) / kAlign * kAlign);
     } else {
       owned_.emplace(s.device, need, options.stream);
-      base_ = owned_->data();
+      base = owned_->data();
     }
+    buf = carve(s, pass, want_dbias, block_ws, base);
+    block_options.workspace = buf.block_ws;
+    block_options.workspace_bytes = buf.block_ws_bytes;
   }
-  void* base() const { return base_; }
+
+  Buffers buf;
+  Options block_options;
 
  private:
   std::optional<DeviceBuffer> owned_;
-  void* base_ = nullptr;
+};
+
+void check_transport(const Transport& transport, const RingShape& s) {
+  if (!(transport.device() == s.device)) {
+    fail("transport", "its buffers live on " + device_name(transport.device()) +
+                          ", the tensors on " + device_name(s.device));
+  }
+}
+
+// The K and V parts (V at v_offset) of a ring buffer holding `rows` key rows, as transport
+// buffers (SendBuffer or RecvBuffer).
+template <class Part>
+std::array<Part, 2> kv_parts(const RingShape& s, void* buffer, std::size_t v_offset, DType dtype,
+                             std::int64_t rows) {
+  return {Part{buffer, bytes_of(dtype, {s.B, s.Hkv, rows, s.D})},
+          Part{static_cast<char*>(buffer) + v_offset, bytes_of(dtype, {s.B, s.Hkv, rows, s.Dv})}};
+}
+
+// The K/V blocks' trip round the ring: at step t this rank holds the block of rank (r − t) mod n,
+// in ring buffer kv[t % 2] (at step 0 the caller's own tensors, also copied into kv[0] as the
+// first block to travel), while the next one travels into the other buffer.
+class KvTrip {
+ public:
+  KvTrip(const ContextParallelArgs& args, const RingShape& s, const Buffers& buf, void* stream)
+      : args_(args), s_(s), buf_(buf) {
+    if (s.ranks > 1) {
+      const KvViews own = kv_views(s, buf.kv[0], buf.kv_v_offset, s.dtype, s.lk);
+      detail::copy(own.k, args.local.k, stream);
+      detail::copy(own.v, args.local.v, stream);
+    }
+  }
+  // Key rows of the block in hand at `step` (step n: this rank's own block again).
+  std::int64_t rows(int step) const {
+    return args_.k_partition.local_length((s_.rank - step + s_.ranks) % s_.ranks);
+  }
+  KvViews block(int step) const {
+    if (step == 0) return {args_.local.k, args_.local.v};
+    return kv_views(s_, buf_.kv[step % 2], buf_.kv_v_offset, s_.dtype, rows(step));
+  }
+  // Sends the block in hand on and receives the next one, unless `step` is the last.
+  std::optional<std::uint64_t> begin_next(Transport& transport, int step, void* stream) const {
+    if (step + 1 >= s_.ranks) return std::nullopt;
+    const auto send =
+        kv_parts<SendBuffer>(s_, buf_.kv[step % 2], buf_.kv_v_offset, s_.dtype, rows(step));
+    const auto recv = kv_parts<RecvBuffer>(s_, buf_.kv[(step + 1) % 2], buf_.kv_v_offset, s_.dtype,
+                                           rows(step + 1));
+    return transport.begin_exchange(send, recv, stream);
+  }
+
+ private:
+  const ContextParallelArgs& args_;
+  const RingShape& s_;
+  const Buffers& buf_;
 };
 
 CallInfo call_info(const std::optional<CallInfo>& first, const AttentionArgs& a) {
@@ -325,56 +387,29 @@ CallInfo ring_forward(const ContextParallelArgs& args, const TensorView& out, co
                       Transport& transport, const Options& options) {
   const Problem p = validate_forward(without_bias(args.local), out, lse);
   const RingShape s = ring_shape(args, p, transport.rank(), transport.size());
-  if (!(transport.device() == s.device)) {
-    fail("transport", "its buffers live on " + device_name(transport.device()) +
-                          ", the tensors on " + device_name(s.device));
-  }
+  check_transport(transport, s);
   void* const stream = options.stream;
-  const std::size_t block_ws = block_workspace(args, s, Pass::forward, options);
-  const std::size_t need = carve(s, Pass::forward, false, block_ws, nullptr).total;
-  const Scratch scratch(s, need, options);
-  const Buffers buf = carve(s, Pass::forward, false, block_ws, scratch.base());
-  Options block_options = options;
-  block_options.workspace = buf.block_ws;
-  block_options.workspace_bytes = buf.block_ws_bytes;
+  const Scratch scratch(args, s, Pass::forward, false, options);
+  const Buffers& buf = scratch.buf;
 
   const TensorView out_acc = dense(buf.out_acc, s.acc, s.device, {s.B, s.Hq, s.lq, s.Dv});
   const TensorView lse_acc = dense(buf.lse_acc, s.acc, s.device, {s.B, s.Hq, s.lq});
   detail::fill(out_acc, 0.0, stream);
   detail::fill(lse_acc, -std::numeric_limits<double>::infinity(), stream);
 
-  const int n = s.ranks, r = s.rank;
-  auto block_rows = [&](int step) { return args.k_partition.local_length((r - step + n) % n); };
-  if (n > 1) {  // this rank's K/V, packed contiguously: the first block to travel
-    const KvViews own = kv_views(s, buf.kv[0], buf.kv_v_offset, s.dtype, s.lk);
-    detail::copy(own.k, args.local.k, stream);
-    detail::copy(own.v, args.local.v, stream);
-  }
+  const KvTrip trip(args, s, buf, stream);
   std::optional<CallInfo> first;
   auto pair = s.schedule.begin();
-  for (int step = 0, cur = 0; step < n; ++step, cur ^= 1) {
-    const std::int64_t rows = block_rows(step);
+  for (int step = 0; step < s.ranks; ++step) {
     // The next block travels while this one is attended to.
-    std::optional<std::uint64_t> ticket;
-    if (step + 1 < n) {
-      const std::int64_t next_rows = block_rows(step + 1);
-      const SendBuffer send[2] = {{buf.kv[cur], bytes_of(s.dtype, {s.B, s.Hkv, rows, s.D})},
-                                  {static_cast<char*>(buf.kv[cur]) + buf.kv_v_offset,
-                                   bytes_of(s.dtype, {s.B, s.Hkv, rows, s.Dv})}};
-      const RecvBuffer recv[2] = {
-          {buf.kv[cur ^ 1], bytes_of(s.dtype, {s.B, s.Hkv, next_rows, s.D})},
-          {static_cast<char*>(buf.kv[cur ^ 1]) + buf.kv_v_offset,
-           bytes_of(s.dtype, {s.B, s.Hkv, next_rows, s.Dv})}};
-      ticket = transport.begin_exchange(send, recv, stream);
-    }
-    const KvViews kv = step == 0 ? KvViews{args.local.k, args.local.v}
-                                 : kv_views(s, buf.kv[cur], buf.kv_v_offset, s.dtype, rows);
+    const std::optional<std::uint64_t> ticket = trip.begin_next(transport, step, stream);
+    const KvViews kv = trip.block(step);
     for (; pair != s.schedule.end() && pair->step == step; ++pair) {
       const std::int64_t qc = pair->q_chunk.length;
       const TensorView out_blk = dense(buf.out_blk, s.dtype, s.device, {s.B, s.Hq, qc, s.Dv});
       const TensorView lse_blk = dense(buf.lse_blk, DType::f32, s.device, {s.B, s.Hq, qc});
-      const CallInfo info =
-          forward(block_args(args, s, *pair, kv, Pass::forward), out_blk, lse_blk, block_options);
+      const CallInfo info = forward(block_args(args, s, *pair, kv, Pass::forward), out_blk, lse_blk,
+                                    scratch.block_options);
       if (!first) first = info;
       detail::merge(slice(out_acc, 2, pair->q_chunk.local_start, qc),
                     slice(lse_acc, 2, pair->q_chunk.local_start, qc), out_blk, lse_blk, stream);
@@ -392,10 +427,7 @@ CallInfo ring_backward(const ContextParallelArgs& args, const BackwardTensors& g
   g.dbias.reset();
   const Problem p = validate_backward(without_bias(args.local), g);
   const RingShape s = ring_shape(args, p, transport.rank(), transport.size());
-  if (!(transport.device() == s.device)) {
-    fail("transport", "its buffers live on " + device_name(transport.device()) +
-                          ", the tensors on " + device_name(s.device));
-  }
+  check_transport(transport, s);
   const bool want_dbias = grads.dbias.has_value();
   if (want_dbias) {
     if (!s.has_bias) fail("dbias", "given, but the call has no bias");
@@ -408,13 +440,8 @@ CallInfo ring_backward(const ContextParallelArgs& args, const BackwardTensors& g
     }
   }
   void* const stream = options.stream;
-  const std::size_t block_ws = block_workspace(args, s, Pass::backward, options);
-  const std::size_t need = carve(s, Pass::backward, want_dbias, block_ws, nullptr).total;
-  const Scratch scratch(s, need, options);
-  const Buffers buf = carve(s, Pass::backward, want_dbias, block_ws, scratch.base());
-  Options block_options = options;
-  block_options.workspace = buf.block_ws;
-  block_options.workspace_bytes = buf.block_ws_bytes;
+  const Scratch scratch(args, s, Pass::backward, want_dbias, options);
+  const Buffers& buf = scratch.buf;
 
   const TensorView dq_acc = dense(buf.dq_acc, s.acc, s.device, {s.B, s.Hq, s.lq, s.D});
   detail::fill(dq_acc, 0.0, stream);
@@ -425,28 +452,11 @@ CallInfo ring_backward(const ContextParallelArgs& args, const BackwardTensors& g
     detail::fill(dbias_acc, 0.0, stream);
   }
 
-  const int n = s.ranks, r = s.rank;
-  auto block_rows = [&](int step) { return args.k_partition.local_length((r - step + n) % n); };
-  auto kv_send = [&](int which, std::int64_t rows) {
-    return std::array<SendBuffer, 2>{
-        SendBuffer{buf.kv[which], bytes_of(s.dtype, {s.B, s.Hkv, rows, s.D})},
-        SendBuffer{static_cast<char*>(buf.kv[which]) + buf.kv_v_offset,
-                   bytes_of(s.dtype, {s.B, s.Hkv, rows, s.Dv})}};
-  };
-  auto kv_recv = [&](int which, std::int64_t rows) {
-    return std::array<RecvBuffer, 2>{
-        RecvBuffer{buf.kv[which], bytes_of(s.dtype, {s.B, s.Hkv, rows, s.D})},
-        RecvBuffer{static_cast<char*>(buf.kv[which]) + buf.kv_v_offset,
-                   bytes_of(s.dtype, {s.B, s.Hkv, rows, s.Dv})}};
-  };
+  const int n = s.ranks;
   auto dkv_views = [&](int which, std::int64_t rows) {
     return kv_views(s, buf.dkv[which], buf.dkv_v_offset, s.acc, rows);
   };
-  if (n > 1) {
-    const KvViews own = kv_views(s, buf.kv[0], buf.kv_v_offset, s.dtype, s.lk);
-    detail::copy(own.k, args.local.k, stream);
-    detail::copy(own.v, args.local.v, stream);
-  }
+  const KvTrip trip(args, s, buf, stream);
   // dK/dV of the block in hand are summed in a step accumulator (dkv[step % 2]) while the
   // accumulator of the same block from the ranks before travels into dkv[2]; the two are added
   // and the sum moves on to the next rank, overlapping the next step. After the last step the
@@ -455,16 +465,10 @@ CallInfo ring_backward(const ContextParallelArgs& args, const BackwardTensors& g
   std::optional<CallInfo> first;
   std::optional<std::uint64_t> dkv_ticket;
   auto pair = s.schedule.begin();
-  for (int step = 0, cur = 0; step < n; ++step, cur ^= 1) {
-    const std::int64_t rows = block_rows(step);
-    std::optional<std::uint64_t> kv_ticket;
-    if (step + 1 < n) {
-      const auto send = kv_send(cur, rows);
-      const auto recv = kv_recv(cur ^ 1, block_rows(step + 1));
-      kv_ticket = transport.begin_exchange(send, recv, stream);
-    }
-    const KvViews kv = step == 0 ? KvViews{args.local.k, args.local.v}
-                                 : kv_views(s, buf.kv[cur], buf.kv_v_offset, s.dtype, rows);
+  for (int step = 0; step < n; ++step) {
+    const std::int64_t rows = trip.rows(step);
+    const std::optional<std::uint64_t> kv_ticket = trip.begin_next(transport, step, stream);
+    const KvViews kv = trip.block(step);
     const int acc_index = n > 1 ? step % 2 : 0;
     const KvViews dkv = dkv_views(acc_index, rows);
     detail::fill(dkv.k, 0.0, stream);
@@ -485,7 +489,7 @@ CallInfo ring_backward(const ContextParallelArgs& args, const BackwardTensors& g
         bg.dbias = dense(buf.dbias_blk, s.bias_dtype, s.device,
                          {s.bias_shape[0], s.bias_shape[1], bias_rows, kc.length});
       }
-      const CallInfo info = backward(a, bg, block_options);
+      const CallInfo info = backward(a, bg, scratch.block_options);
       if (!first) first = info;
       detail::add(slice(dq_acc, 2, qc.local_start, qc.length), bg.dq, stream);
       detail::add(slice(dkv.k, 2, kc.local_start, kc.length), bg.dk, stream);
@@ -504,16 +508,9 @@ CallInfo ring_backward(const ContextParallelArgs& args, const BackwardTensors& g
     }
     if (kv_ticket) transport.end_exchange(*kv_ticket, stream);
     if (n > 1) {  // pass the sum on; the last one goes home to the block's owner
-      const std::int64_t next_rows = block_rows(step + 1);  // step n: this rank's own block
-      const std::size_t dk_bytes = bytes_of(s.acc, {s.B, s.Hkv, rows, s.D});
-      const std::size_t dv_bytes = bytes_of(s.acc, {s.B, s.Hkv, rows, s.Dv});
-      const SendBuffer send[2] = {
-          {buf.dkv[acc_index], dk_bytes},
-          {static_cast<char*>(buf.dkv[acc_index]) + buf.dkv_v_offset, dv_bytes}};
-      const RecvBuffer recv[2] = {
-          {buf.dkv[kIncoming], bytes_of(s.acc, {s.B, s.Hkv, next_rows, s.D})},
-          {static_cast<char*>(buf.dkv[kIncoming]) + buf.dkv_v_offset,
-           bytes_of(s.acc, {s.B, s.Hkv, next_rows, s.Dv})}};
+      const auto send = kv_parts<SendBuffer>(s, buf.dkv[acc_index], buf.dkv_v_offset, s.acc, rows);
+      const auto recv =
+          kv_parts<RecvBuffer>(s, buf.dkv[kIncoming], buf.dkv_v_offset, s.acc, trip.rows(step + 1));
       dkv_ticket = transport.begin_exchange(send, recv, stream);
     }
   }

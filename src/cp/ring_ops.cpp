@@ -24,8 +24,6 @@ namespace {
 using memeff::detail::load_as_double;
 using memeff::detail::store_from_double;
 
-constexpr std::size_t kHostAlign = 256;
-
 // Shape and strides of a rank-3 or rank-4 view as four dimensions (a missing last one of size 1).
 struct Dims4 {
   std::int64_t n[4] = {1, 1, 1, 1};
@@ -59,13 +57,25 @@ bool on_cuda(const TensorView& t) { return t.device.type == DeviceType::cuda; }
   throw Error(ErrorCode::unsupported, "context parallel: CUDA tensors, but this build has no CUDA");
 }
 
+#if !defined(MEMEFF_WITH_CUDA)
+// A build without CUDA: the GPU versions the functions below hand CUDA views to only say so.
+namespace cuda {
+void fill(const TensorView&, double, void*) { no_cuda(); }
+void copy(const TensorView&, const TensorView&, void*) { no_cuda(); }
+void add(const TensorView&, const TensorView&, void*) { no_cuda(); }
+void merge(const TensorView&, const TensorView&, const TensorView&, const TensorView&, void*) {
+  no_cuda();
+}
+}  // namespace cuda
+#endif
+
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes, void* stream)
     : device_(device), stream_(stream) {
   if (bytes == 0) return;
   if (device.type == DeviceType::cpu) {
-    data_ = ::operator new (bytes, std::align_val_t{kHostAlign});
+    data_ = ::operator new (bytes, std::align_val_t{kBufferAlign});
     return;
   }
 #if defined(MEMEFF_WITH_CUDA)
@@ -88,7 +98,7 @@ DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes, void* stream)
 DeviceBuffer::~DeviceBuffer() {
   if (!data_) return;
   if (device_.type == DeviceType::cpu) {
-    ::operator delete (data_, std::align_val_t{kHostAlign});
+    ::operator delete (data_, std::align_val_t{kBufferAlign});
     return;
   }
 #if defined(MEMEFF_WITH_CUDA)
@@ -102,14 +112,7 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 void fill(const TensorView& t, double value, void* stream) {
-  if (on_cuda(t)) {
-#if defined(MEMEFF_WITH_CUDA)
-    return cuda::fill(t, value, stream);
-#else
-    no_cuda();
-#endif
-  }
-  (void)stream;
+  if (on_cuda(t)) return cuda::fill(t, value, stream);
   const Dims4 d(t);
   for (std::int64_t r = 0; r < d.rows(); ++r)
     for (std::int64_t e = 0; e < d.n[3]; ++e) store_from_double(t, d.offset(r, e), value);
@@ -117,14 +120,7 @@ void fill(const TensorView& t, double value, void* stream) {
 
 void copy(const TensorView& dst, const TensorView& src, void* stream) {
   check_same_shape(dst, src, "copy");
-  if (on_cuda(dst)) {
-#if defined(MEMEFF_WITH_CUDA)
-    return cuda::copy(dst, src, stream);
-#else
-    no_cuda();
-#endif
-  }
-  (void)stream;
+  if (on_cuda(dst)) return cuda::copy(dst, src, stream);
   const Dims4 dd(dst), sd(src);
   for (std::int64_t r = 0; r < dd.rows(); ++r)
     for (std::int64_t e = 0; e < dd.n[3]; ++e)
@@ -133,14 +129,7 @@ void copy(const TensorView& dst, const TensorView& src, void* stream) {
 
 void add(const TensorView& acc, const TensorView& src, void* stream) {
   check_same_shape(acc, src, "add");
-  if (on_cuda(acc)) {
-#if defined(MEMEFF_WITH_CUDA)
-    return cuda::add(acc, src, stream);
-#else
-    no_cuda();
-#endif
-  }
-  (void)stream;
+  if (on_cuda(acc)) return cuda::add(acc, src, stream);
   const Dims4 ad(acc), sd(src);
   for (std::int64_t r = 0; r < ad.rows(); ++r) {
     for (std::int64_t e = 0; e < ad.n[3]; ++e) {
@@ -154,14 +143,7 @@ void merge(const TensorView& out_acc, const TensorView& lse_acc, const TensorVie
            const TensorView& lse_part, void* stream) {
   check_same_shape(out_acc, out_part, "merge");
   check_same_shape(lse_acc, lse_part, "merge");
-  if (on_cuda(out_acc)) {
-#if defined(MEMEFF_WITH_CUDA)
-    return cuda::merge(out_acc, lse_acc, out_part, lse_part, stream);
-#else
-    no_cuda();
-#endif
-  }
-  (void)stream;
+  if (on_cuda(out_acc)) return cuda::merge(out_acc, lse_acc, out_part, lse_part, stream);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   const Dims4 oa(out_acc), op(out_part), la(lse_acc), lp(lse_part);
   const std::int64_t width = oa.n[3];

@@ -10,6 +10,10 @@
 
 namespace memeff::cp::detail {
 
+// The alignment of a DeviceBuffer's memory (cudaMallocAsync's is at least this); the ring carves
+// its scratch into pieces that start on it.
+inline constexpr std::size_t kBufferAlign = 256;
+
 // Scratch on a device: aligned host memory, or cudaMallocAsync/cudaFreeAsync on `stream`.
 class DeviceBuffer {
  public:
@@ -22,7 +26,7 @@ class DeviceBuffer {
  private:
   Device device_;
   void* data_ = nullptr;
-  void* stream_ = nullptr;
+  [[maybe_unused]] void* stream_ = nullptr;  // where a CUDA buffer is freed (unused on the host)
 };
 
 // t[...] = value for every element.

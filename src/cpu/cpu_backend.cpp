@@ -2,10 +2,11 @@
 // (running max and sum, rescaled accumulator); backward is FlashAttention-2 style, recomputing P
 // from lse and regenerating the dropout mask from the shared RNG contract, never storing it.
 //
-// Tiles: 64 query rows × 64 keys; the key tile is the dropout map's 64-column block, so a row's
-// keep-bits for a tile are one 64-bit word. Forward threads take (b, h, query block) items;
-// backward threads take the key blocks of one (b, kv head) at a time, each owning its dK/dV tile
-// and its dbias columns, with per-thread dQ partials summed after each kv head.
+// Tiles: kBrFwd (forward) or kBr (backward) query rows × 64 keys; the key tile is the dropout
+// map's 64-column block, so a row's keep-bits for a tile are one 64-bit word. Forward threads take
+// (b, h, query block) items; backward threads take the key blocks of one (b, kv head) at a time,
+// each owning its dK/dV tile and its dbias columns, with per-thread dQ partials summed after each
+// kv head.
 #include <omp.h>
 
 #include <algorithm>
@@ -38,7 +39,7 @@ constexpr int kBrFwd = 240;
 constexpr int kBc = kCpuKeyTile;           // keys per tile (= dropout column block)
 constexpr std::int64_t kMaxHeadDim = 512;  // per-thread tiles grow with D; beyond: reference
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr std::size_t kAlign = 64;
+constexpr std::size_t kAlign = 64;  // scratch arrays start on cache lines
 
 std::int64_t round_up(std::int64_t x, std::int64_t q) { return (x + q - 1) / q * q; }
 
@@ -110,10 +111,10 @@ class Arena {
  public:
   Arena(void* base, std::size_t bytes) : base_(static_cast<std::byte*>(base)), bytes_(bytes) {}
   float* floats(std::int64_t n) {
-    return static_cast<float*>(take(static_cast<std::size_t>(n) * 4));
+    return static_cast<float*>(take(static_cast<std::size_t>(n) * sizeof(float)));
   }
   std::uint64_t* words(std::int64_t n) {
-    return static_cast<std::uint64_t*>(take(static_cast<std::size_t>(n) * 8));
+    return static_cast<std::uint64_t*>(take(static_cast<std::size_t>(n) * sizeof(std::uint64_t)));
   }
   static std::size_t padded(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -146,7 +147,8 @@ struct Dims {
 };
 
 std::size_t forward_thread_bytes(const Dims& d) {
-  const std::size_t f = 4, w = 8, r = static_cast<std::size_t>(d.fwd_rows);
+  const std::size_t f = sizeof(float), w = sizeof(std::uint64_t);
+  const auto r = static_cast<std::size_t>(d.fwd_rows);
   return Arena::padded(r * d.Dp * f)       // Q tile
          + Arena::padded(d.Dp * kBc * f)   // Kᵀ tile
          + Arena::padded(kBc * d.Dvp * f)  // V tile
@@ -159,7 +161,7 @@ std::size_t forward_thread_bytes(const Dims& d) {
 }
 
 std::size_t backward_thread_tile_bytes(const Dims& d) {
-  const std::size_t f = 4, w = 8;
+  const std::size_t f = sizeof(float), w = sizeof(std::uint64_t);
   return Arena::padded(kBc * d.Dp * f)                    // K tile
          + Arena::padded(d.Dp * kBc * f)                  // Kᵀ tile
          + Arena::padded(d.Dvp * kBc * f)                 // Vᵀ tile
@@ -228,20 +230,40 @@ struct BiasReader {
   }
 };
 
-// Keep-bits of `rows` query rows from global row `row0` for the 64 keys from global key `col0`:
-// bit c of keep[r] is key col0 + c. Key tiles start at multiples of 64 in the call, so they sit
-// on the dropout map's 64-column blocks unless the call's keys start off one (k_start % 64 != 0,
-// a context-parallel chunk of uneven length): then the tile straddles two blocks, whose words
-// are drawn and spliced (`spare` holds the second).
-void keep_bits_at(const CpuKernels& kern, DropoutKey key, std::uint64_t bh, std::uint64_t row0,
-                  int rows, std::uint64_t col0, std::uint32_t threshold, std::uint64_t* keep,
-                  std::uint64_t* spare) {
-  const unsigned shift = static_cast<unsigned>(col0 % kBc);
-  kern.keep_masks64(key, bh, row0, rows, col0 / kBc, threshold, keep);
-  if (shift == 0) return;
-  kern.keep_masks64(key, bh, row0, rows, col0 / kBc + 1, threshold, spare);
-  for (int r = 0; r < rows; ++r) keep[r] = (keep[r] >> shift) | (spare[r] << (kBc - shift));
-}
+// What both passes' tile loops read of one call besides the tensors and the tile sizes.
+struct PassConstants {
+  PassConstants(const Problem& pb, const AttentionArgs& args)
+      : bias{args.bias ? &*args.bias : nullptr},
+        scale(static_cast<float>(pb.scale)),
+        G(pb.group_size()),
+        dropout(pb.has_dropout()),
+        key(dropout ? dropout_key(args.rng.seed, args.rng.offset) : DropoutKey{0, 0}),
+        threshold(pb.dropout.threshold),
+        keep_scale(static_cast<float>(pb.dropout.keep_scale)) {}
+
+  // Keep-bits of `rows` query rows from global row `row0` for the 64 keys from global key `col0`:
+  // bit c of keep[r] is key col0 + c. Key tiles start at multiples of 64 in the call, so they sit
+  // on the dropout map's 64-column blocks unless the call's keys start off one (k_start % 64 !=
+  // 0, a context-parallel chunk of uneven length): then the tile straddles two blocks, whose
+  // words are drawn and spliced (`spare` holds the second).
+  void keep_bits(std::uint64_t bh, std::uint64_t row0, int rows, std::uint64_t col0,
+                 std::uint64_t* keep, std::uint64_t* spare) const {
+    const unsigned shift = static_cast<unsigned>(col0 % kBc);
+    kern.keep_masks64(key, bh, row0, rows, col0 / kBc, threshold, keep);
+    if (shift == 0) return;
+    kern.keep_masks64(key, bh, row0, rows, col0 / kBc + 1, threshold, spare);
+    for (int r = 0; r < rows; ++r) keep[r] = (keep[r] >> shift) | (spare[r] << (kBc - shift));
+  }
+
+  const CpuKernels& kern = cpu_kernels();
+  BiasReader bias;
+  float scale;     // of the scores
+  std::int64_t G;  // query heads per kv head
+  bool dropout;
+  DropoutKey key;  // {0, 0} without dropout
+  std::uint32_t threshold;
+  float keep_scale;  // of kept values: 256 / threshold
+};
 
 // Number of keys of tile [j0, j0 + cols) row i sees (a prefix of the tile).
 inline int visible_prefix(const Problem& pb, std::int64_t i, std::int64_t j0, int cols) {
@@ -288,14 +310,14 @@ class CpuBackend final : public Backend {
 
  private:
   static std::size_t dq_partial_bytes(const Problem& pb, const Dims& d) {
-    return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq * d.Dp) * 4);
+    return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq * d.Dp) * sizeof(float));
   }
   // D_i = Σ_e dO·O of the query rows of one kv head (all heads of its group), shared.
   static std::size_t delta_bytes(const Problem& pb) {
-    return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq) * 4);
+    return Arena::padded(static_cast<std::size_t>(pb.group_size() * pb.Lq) * sizeof(float));
   }
   // An fp32 accumulator for dbias when dbias is not fp32 and receives several contributions per
-  // element (broadcast bias); the bias itself is that large, so this adds no new order.
+  // element (broadcast bias); it has the bias's own shape.
   static bool needs_dbias_shadow(const Problem& pb) {
     return pb.has_bias && pb.bias_dtype != DType::f32 &&
            (pb.bias_bcast_b || pb.bias_bcast_h || pb.bias_bcast_q);
@@ -304,7 +326,7 @@ class CpuBackend final : public Backend {
     if (!needs_dbias_shadow(pb)) return 0;
     const std::int64_t n = (pb.bias_bcast_b ? 1 : pb.B) * (pb.bias_bcast_h ? 1 : pb.Hq) *
                            (pb.bias_bcast_q ? 1 : pb.Lq) * pb.Lk;
-    return Arena::padded(static_cast<std::size_t>(n) * 4);
+    return Arena::padded(static_cast<std::size_t>(n) * sizeof(float));
   }
 };
 
@@ -312,18 +334,11 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
                          const TensorView& lse, const Options& options) {
   if (pb.packed) return forward_per_sequence(*this, pb, args, out, lse, options);
   if (pb.B == 0) return;  // every tensor is empty
-  const CpuKernels& kern = cpu_kernels();
   const Dims d(pb);
   const std::size_t per_thread = forward_thread_bytes(d);
   Scratch scratch(workspace_bytes(pb, Pass::forward), options);
   const TensorView &q = args.q, &k = args.k, &v = args.v;
-  const BiasReader bias{args.bias ? &*args.bias : nullptr};
-  const bool dropout = pb.has_dropout();
-  const DropoutKey key = dropout ? dropout_key(args.rng.seed, args.rng.offset) : DropoutKey{0, 0};
-  const auto threshold = pb.dropout.threshold;
-  const auto keep_scale = static_cast<float>(pb.dropout.keep_scale);
-  const auto scale = static_cast<float>(pb.scale);
-  const std::int64_t G = pb.group_size();
+  const PassConstants pc(pb, args);
   const std::int64_t q_blocks = (pb.Lq + kBrFwd - 1) / kBrFwd;
   const std::int64_t items = pb.B * pb.Hq * q_blocks;
   float* lse_data = static_cast<float*>(lse.data);
@@ -348,7 +363,7 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t item = 0; item < items; ++item) {
       const std::int64_t qb = item % q_blocks, bh = item / q_blocks;
-      const std::int64_t b = bh / pb.Hq, h = bh % pb.Hq, kvh = h / G;
+      const std::int64_t b = bh / pb.Hq, h = bh % pb.Hq, kvh = h / pc.G;
       const std::int64_t i0 = qb * kBrFwd;
       const int rows = static_cast<int>(std::min<std::int64_t>(kBrFwd, pb.Lq - i0));
       for (int r = 0; r < rows; ++r) load_row(q, q.offset(b, h, i0 + r, 0), d.D, qs + r * d.Dp);
@@ -375,12 +390,12 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
           for (std::int64_t e = 0; e < d.D; ++e)
             std::fill(kt + e * kBc + cols, kt + (e + 1) * kBc, 0.0f);
         }
-        kern.gemm(rows, kBc, static_cast<int>(d.D), qs, static_cast<int>(d.Dp), kt, kBc, s, kBc,
-                  false);
-        if (dropout) {
-          keep_bits_at(kern, key, static_cast<std::uint64_t>(bh + pb.rng_batch0 * pb.Hq),
+        pc.kern.gemm(rows, kBc, static_cast<int>(d.D), qs, static_cast<int>(d.Dp), kt, kBc, s, kBc,
+                     false);
+        if (pc.dropout) {
+          pc.keep_bits(static_cast<std::uint64_t>(bh + pb.rng_batch0 * pb.Hq),
                        static_cast<std::uint64_t>(pb.q_start + i0), rows,
-                       static_cast<std::uint64_t>(pb.k_start + j0), threshold, keep, keep_spare);
+                       static_cast<std::uint64_t>(pb.k_start + j0), keep, keep_spare);
         }
         for (int r = 0; r < rows; ++r) {
           float* srow = s + r * kBc;
@@ -390,18 +405,18 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
             std::fill(srow, srow + kBc, 0.0f);
             continue;
           }
-          const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
-          kern.online_softmax64(srow, scale, bias_row, valid, &m[r], &l[r], o + r * d.Dvp,
-                                static_cast<int>(d.Dvp));
-          if (dropout) kern.apply_keep64(srow, keep[r], 1.0f);
+          const float* bias_row = pc.bias.bias ? pc.bias.row(b, h, i, j0, valid, brow) : nullptr;
+          pc.kern.online_softmax64(srow, pc.scale, bias_row, valid, &m[r], &l[r], o + r * d.Dvp,
+                                   static_cast<int>(d.Dvp));
+          if (pc.dropout) pc.kern.apply_keep64(srow, keep[r], 1.0f);
         }
-        kern.gemm(rows, static_cast<int>(d.Dvp), cols, s, kBc, vs, static_cast<int>(d.Dvp), o,
-                  static_cast<int>(d.Dvp), true);
+        pc.kern.gemm(rows, static_cast<int>(d.Dvp), cols, s, kBc, vs, static_cast<int>(d.Dvp), o,
+                     static_cast<int>(d.Dvp), true);
       }
       for (int r = 0; r < rows; ++r) {
         const std::int64_t i = i0 + r;
         const bool empty = l[r] == 0.0f;
-        const float factor = empty ? 0.0f : keep_scale / l[r];
+        const float factor = empty ? 0.0f : pc.keep_scale / l[r];
         if (empty) std::fill(o + r * d.Dvp, o + (r + 1) * d.Dvp, 0.0f);
         store_row(out, out.offset(b, h, i, 0), d.Dv, o + r * d.Dvp, factor);
         lse_data[lse.offset(b, h, i)] = empty ? -kInf : m[r] + std::log(l[r]);
@@ -417,20 +432,13 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
     if (g.dbias) zero_view(*g.dbias);
     return;
   }
-  const CpuKernels& kern = cpu_kernels();
   const Dims d(pb);
   const std::size_t tile_bytes = backward_thread_tile_bytes(d);
   const std::size_t part_bytes = dq_partial_bytes(pb, d);
   const int threads = pass_threads(pb, Pass::backward);
   Scratch scratch(workspace_bytes(pb, Pass::backward), options);
   const TensorView &q = args.q, &k = args.k, &v = args.v;
-  const BiasReader bias{args.bias ? &*args.bias : nullptr};
-  const bool dropout = pb.has_dropout();
-  const DropoutKey key = dropout ? dropout_key(args.rng.seed, args.rng.offset) : DropoutKey{0, 0};
-  const auto threshold = pb.dropout.threshold;
-  const auto keep_scale = static_cast<float>(pb.dropout.keep_scale);
-  const auto scale = static_cast<float>(pb.scale);
-  const std::int64_t G = pb.group_size();
+  const PassConstants pc(pb, args);
   const std::int64_t k_blocks = (pb.Lk + kBc - 1) / kBc;
   const float* lse_data = static_cast<const float*>(g.lse.data);
 
@@ -501,8 +509,8 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
       const std::int64_t b = bk / pb.Hkv, kvh = bk % pb.Hkv;
       // D_i of every query row of this kv head's group, once (not once per key block).
 #pragma omp for schedule(static)
-      for (std::int64_t row = 0; row < G * pb.Lq; ++row) {
-        const std::int64_t h = kvh * G + row / pb.Lq, i = row % pb.Lq;
+      for (std::int64_t row = 0; row < pc.G * pb.Lq; ++row) {
+        const std::int64_t h = kvh * pc.G + row / pb.Lq, i = row % pb.Lq;
         float* o_row = conv;
         float* do_row = conv + d.Dvp;
         load_row(g.out, g.out.offset(b, h, i, 0), d.Dv, o_row);
@@ -511,9 +519,10 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
         for (std::int64_t e = 0; e < d.Dv; ++e) acc += static_cast<double>(do_row[e]) * o_row[e];
         delta[row] = static_cast<float>(acc);
       }  // implicit barrier: delta is complete
-         // Key blocks go to whichever thread is free, or with Options::deterministic round-robin
-         // (the schedule set above the region): each thread's dQ partial then holds the same blocks
-         // on every call, so dq is bitwise repeatable for a given thread count.
+
+      // Key blocks go to whichever thread is free, or with Options::deterministic round-robin
+      // (the schedule set above the region): each thread's dQ partial then holds the same blocks
+      // on every call, so dq is bitwise repeatable for a given thread count.
 #pragma omp for schedule(runtime)
       for (std::int64_t jb = 0; jb < k_blocks; ++jb) {
         const std::int64_t j0 = jb * kBc;
@@ -531,8 +540,8 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
         std::fill(dk, dk + kBc * d.Dp, 0.0f);
         std::fill(dv, dv + kBc * d.Dvp, 0.0f);
 
-        for (std::int64_t hg = 0; hg < G; ++hg) {
-          const std::int64_t h = kvh * G + hg;
+        for (std::int64_t hg = 0; hg < pc.G; ++hg) {
+          const std::int64_t h = kvh * pc.G + hg;
           const std::int64_t bh = (pb.rng_batch0 + b) * pb.Hq + h;  // the dropout map's head
           std::int64_t i_begin = 0;  // first query row that sees key j0
           if (pb.causal != CausalMode::none) {
@@ -548,15 +557,14 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               const float l = lse_data[g.lse.offset(b, h, i)];
               lse_r[r] = l == -kInf ? kInf : l;  // empty row: every P becomes exp(-inf) = 0
             }
-            kern.gemm(rows, kBc, static_cast<int>(d.D), qi, static_cast<int>(d.Dp), kjt, kBc, s,
-                      kBc, false);
-            kern.gemm(rows, kBc, static_cast<int>(d.Dv), doi, static_cast<int>(d.Dvp), vjt, kBc, dp,
-                      kBc, false);
-            if (dropout) {
-              keep_bits_at(kern, key, static_cast<std::uint64_t>(bh),
+            pc.kern.gemm(rows, kBc, static_cast<int>(d.D), qi, static_cast<int>(d.Dp), kjt, kBc, s,
+                         kBc, false);
+            pc.kern.gemm(rows, kBc, static_cast<int>(d.Dv), doi, static_cast<int>(d.Dvp), vjt, kBc,
+                         dp, kBc, false);
+            if (pc.dropout) {
+              pc.keep_bits(static_cast<std::uint64_t>(bh),
                            static_cast<std::uint64_t>(pb.q_start + i0), rows,
-                           static_cast<std::uint64_t>(pb.k_start + j0), threshold, keep,
-                           keep_spare);
+                           static_cast<std::uint64_t>(pb.k_start + j0), keep, keep_spare);
             }
             for (int r = 0; r < rows; ++r) {
               const std::int64_t i = i0 + r;
@@ -569,10 +577,11 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
                 std::fill(dsrow, dsrow + kBc, 0.0f);
                 continue;
               }
-              const float* bias_row = bias.bias ? bias.row(b, h, i, j0, valid, brow) : nullptr;
+              const float* bias_row =
+                  pc.bias.bias ? pc.bias.row(b, h, i, j0, valid, brow) : nullptr;
               // P = exp(S·scale + bias − lse), dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
-              kern.softmax_grad64(prow, dprow, dsrow, scale, bias_row, valid, lse_r[r], di[r],
-                                  dropout ? keep[r] : 0, keep_scale, dropout);
+              pc.kern.softmax_grad64(prow, dprow, dsrow, pc.scale, bias_row, valid, lse_r[r], di[r],
+                                     pc.dropout ? keep[r] : 0, pc.keep_scale, pc.dropout);
               // dS is exactly 0 for a row that sees one key (core/visible_keys.h); not in a key
               // block of a larger attention, where the row may see keys of other blocks too.
               if (!pb.kv_block &&
@@ -596,23 +605,23 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               }
             }
             // dV += (P∘Z)ᵀ·dO and dK += dSᵀ·Q, reading the row-major tiles as transposed factors.
-            kern.gemm_at(cols, static_cast<int>(d.Dvp), rows, s, kBc, doi, static_cast<int>(d.Dvp),
-                         dv, static_cast<int>(d.Dvp), true);
-            kern.gemm_at(cols, static_cast<int>(d.Dp), rows, ds, kBc, qi, static_cast<int>(d.Dp),
-                         dk, static_cast<int>(d.Dp), true);
-            kern.gemm(rows, static_cast<int>(d.Dp), cols, ds, kBc, kj, static_cast<int>(d.Dp),
-                      part + (hg * pb.Lq + i0) * d.Dp, static_cast<int>(d.Dp), true);
+            pc.kern.gemm_at(cols, static_cast<int>(d.Dvp), rows, s, kBc, doi,
+                            static_cast<int>(d.Dvp), dv, static_cast<int>(d.Dvp), true);
+            pc.kern.gemm_at(cols, static_cast<int>(d.Dp), rows, ds, kBc, qi, static_cast<int>(d.Dp),
+                            dk, static_cast<int>(d.Dp), true);
+            pc.kern.gemm(rows, static_cast<int>(d.Dp), cols, ds, kBc, kj, static_cast<int>(d.Dp),
+                         part + (hg * pb.Lq + i0) * d.Dp, static_cast<int>(d.Dp), true);
           }
         }
         for (int c = 0; c < cols; ++c) {
-          store_row(g.dk, g.dk.offset(b, kvh, j0 + c, 0), d.D, dk + c * d.Dp, scale);
+          store_row(g.dk, g.dk.offset(b, kvh, j0 + c, 0), d.D, dk + c * d.Dp, pc.scale);
           store_row(g.dv, g.dv.offset(b, kvh, j0 + c, 0), d.Dv, dv + c * d.Dvp, 1.0f);
         }
       }  // implicit barrier: every partial of this kv head is complete
-      const std::int64_t dq_rows = G * pb.Lq;
+      const std::int64_t dq_rows = pc.G * pb.Lq;
 #pragma omp for schedule(static)
       for (std::int64_t row = 0; row < dq_rows; ++row) {
-        const std::int64_t hg = row / pb.Lq, i = row % pb.Lq, h = kvh * G + hg;
+        const std::int64_t hg = row / pb.Lq, i = row % pb.Lq, h = kvh * pc.G + hg;
         float* sum = conv;  // per-thread scratch
         std::fill(sum, sum + d.D, 0.0f);
         for (int t = 0; t < threads; ++t) {
@@ -622,7 +631,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
           for (std::int64_t e = 0; e < d.D; ++e) sum[e] += pt[e];
           std::fill(pt, pt + d.D, 0.0f);
         }
-        store_row(g.dq, g.dq.offset(b, h, i, 0), d.D, sum, scale);
+        store_row(g.dq, g.dq.offset(b, h, i, 0), d.D, sum, pc.scale);
       }  // implicit barrier before the next kv head reuses the partials
     }
   }

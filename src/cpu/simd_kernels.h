@@ -1,6 +1,7 @@
 // The vector kernels of the cpu backend: tile products, the fused softmax row steps, a fast exp
 // and a vectorized Philox4x32-10 that yields the dropout keep-bits of the shared RNG contract.
-// Each exists as a scalar, an AVX2+FMA and an AVX-512 version; the table is chosen at run time.
+// Each exists as a scalar version (simd_scalar.cpp) and as AVX2+FMA and AVX-512 versions written
+// once over the vector width (simd_vector_kernels.h); the table is chosen at run time.
 #pragma once
 
 #include <cstdint>

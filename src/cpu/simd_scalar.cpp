@@ -11,29 +11,16 @@
 namespace memeff::detail {
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Scalar versions.
-
+// CpuKernels::gemm (kAT false) and gemm_at (kAT true: A stored transposed, k×m).
+template <bool kAT>
 void gemm_scalar(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
                  int ldc, bool accumulate) {
   for (int i = 0; i < m; ++i) {
     float* crow = c + static_cast<std::ptrdiff_t>(i) * ldc;
     if (!accumulate) std::fill(crow, crow + n, 0.0f);
     for (int p = 0; p < k; ++p) {
-      const float av = a[static_cast<std::ptrdiff_t>(i) * lda + p];
-      const float* brow = b + static_cast<std::ptrdiff_t>(p) * ldb;
-      for (int j = 0; j < n; ++j) crow[j] += av * brow[j];
-    }
-  }
-}
-
-void gemm_at_scalar(int m, int n, int k, const float* at, int ldat, const float* b, int ldb,
-                    float* c, int ldc, bool accumulate) {
-  for (int i = 0; i < m; ++i) {
-    float* crow = c + static_cast<std::ptrdiff_t>(i) * ldc;
-    if (!accumulate) std::fill(crow, crow + n, 0.0f);
-    for (int p = 0; p < k; ++p) {
-      const float av = at[static_cast<std::ptrdiff_t>(p) * ldat + i];
+      const float av = kAT ? a[static_cast<std::ptrdiff_t>(p) * lda + i]
+                           : a[static_cast<std::ptrdiff_t>(i) * lda + p];
       const float* brow = b + static_cast<std::ptrdiff_t>(p) * ldb;
       for (int j = 0; j < n; ++j) crow[j] += av * brow[j];
     }
@@ -53,27 +40,6 @@ float scale_bias_max_scalar(float* s, int n, float scale, const float* bias, int
   return mx;
 }
 
-void online_softmax64_scalar(float* s, float scale, const float* bias, int valid, float* m,
-                             float* l, float* o, int n) {
-  const float tile_max = scale_bias_max_scalar(s, 64, scale, bias, valid);
-  const float m_new = std::max(*m, tile_max);
-  if (m_new == kNegInf) {
-    std::fill(s, s + 64, 0.0f);
-    return;
-  }
-  const float alpha = *m == m_new ? 1.0f : std::exp(*m - m_new);
-  float sum = 0.0f;
-  for (int c = 0; c < 64; ++c) {
-    s[c] = std::exp(s[c] - m_new);
-    sum += s[c];
-  }
-  if (alpha != 1.0f) {
-    for (int e = 0; e < n; ++e) o[e] *= alpha;
-  }
-  *l = *l * alpha + sum;
-  *m = m_new;
-}
-
 // s[c] = exp(s[c] - sub); returns the sum.
 float exp_sub_sum_scalar(float* s, int n, float sub) {
   float sum = 0.0f;
@@ -84,12 +50,29 @@ float exp_sub_sum_scalar(float* s, int n, float sub) {
   return sum;
 }
 
+void online_softmax64_scalar(float* s, float scale, const float* bias, int valid, float* m,
+                             float* l, float* o, int n) {
+  const float tile_max = scale_bias_max_scalar(s, kCpuKeyTile, scale, bias, valid);
+  const float m_new = std::max(*m, tile_max);
+  if (m_new == kNegInf) {
+    std::fill(s, s + kCpuKeyTile, 0.0f);
+    return;
+  }
+  const float alpha = *m == m_new ? 1.0f : std::exp(*m - m_new);
+  const float sum = exp_sub_sum_scalar(s, kCpuKeyTile, m_new);
+  if (alpha != 1.0f) {
+    for (int e = 0; e < n; ++e) o[e] *= alpha;
+  }
+  *l = *l * alpha + sum;
+  *m = m_new;
+}
+
 void softmax_grad64_scalar(float* s, const float* dp, float* ds, float scale, const float* bias,
                            int valid, float lse, float d, std::uint64_t keep, float keep_scale,
                            bool dropout) {
-  scale_bias_max_scalar(s, 64, scale, bias, valid);
-  exp_sub_sum_scalar(s, 64, lse);
-  for (int c = 0; c < 64; ++c) {
+  scale_bias_max_scalar(s, kCpuKeyTile, scale, bias, valid);
+  exp_sub_sum_scalar(s, kCpuKeyTile, lse);
+  for (int c = 0; c < kCpuKeyTile; ++c) {
     const float z = !dropout ? 1.0f : ((keep >> c) & 1u) ? keep_scale : 0.0f;
     ds[c] = s[c] * (z * dp[c] - d);
     s[c] *= z;
@@ -101,7 +84,7 @@ void exp_scalar(const float* x, float* y, int n) {
 }
 
 void apply_keep64_scalar(float* x, std::uint64_t keep, float factor) {
-  for (int c = 0; c < 64; ++c) x[c] = ((keep >> c) & 1u) ? x[c] * factor : 0.0f;
+  for (int c = 0; c < kCpuKeyTile; ++c) x[c] = ((keep >> c) & 1u) ? x[c] * factor : 0.0f;
 }
 
 void keep_masks64_scalar(DropoutKey key, std::uint64_t bh, std::uint64_t row0, int rows,
@@ -132,8 +115,8 @@ CpuKernels make_scalar_kernels() {
   CpuKernels k;
   k.isa = CpuIsa::scalar;
   k.name = "scalar";
-  k.gemm = gemm_scalar;
-  k.gemm_at = gemm_at_scalar;
+  k.gemm = gemm_scalar<false>;
+  k.gemm_at = gemm_scalar<true>;
   k.softmax_grad64 = softmax_grad64_scalar;
   k.online_softmax64 = online_softmax64_scalar;
   k.exp = exp_scalar;
