@@ -8,7 +8,7 @@
 # SKIP_CPU=1 skips the CPU comparison, SKIP_TUNE=1 the autotune demonstration; TORCH_BACKENDS
 # (default "flash cudnn") picks the peers; BASELINE_BIN=DIR (an older build) benches it beside
 # this one, twice each, in the same call. SKIP_CHECKS=1 skips the tests, sanitizers and runs
-# (a second call on a warm machine that only measures). bench/gpu_python.sh is the PyTorch package's half.
+# (a second call on a warm machine that only measures), SKIP_BENCH=1 everything after them. bench/gpu_python.sh is the PyTorch package's half.
 set -uo pipefail
 # Every step has a time limit, so a hang costs that step and not the whole call.
 bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
@@ -62,6 +62,7 @@ for n in 2 4; do
 done
 
 fi  # SKIP_CHECKS
+if [ -n "${SKIP_BENCH:-}" ]; then step "done"; exit 0; fi
 
 shapes=(32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1
         1,16,16384,16384,128,1 8,32,2048,2048,128,0,8 8,16,2048,2048,96,0 4,16,2048,2048,256,0)

@@ -22,26 +22,22 @@
 
 #if defined(MEMEFF_WITH_CUDA)
 #include <cuda_runtime_api.h>
+
+#include "cuda/runtime/check.h"
 #endif
 
 namespace memeff::cp {
 namespace {
+
+#if defined(MEMEFF_WITH_CUDA)
+using memeff::cuda::check_cuda;
+#endif
 
 // Thrown in the ranks that were waiting when another rank failed; never the error reported.
 struct RingAborted : Error {
   RingAborted()
       : Error(ErrorCode::internal, "context parallel: another rank of the local ring failed") {}
 };
-
-#if defined(MEMEFF_WITH_CUDA)
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string("local ring: ") + what +
-                                           " failed: " + cudaGetErrorName(status) + ": " +
-                                           cudaGetErrorString(status));
-  }
-}
-#endif
 
 // One rank's send buffers of one exchange, waiting for the next rank to copy them.
 struct Posting {
@@ -79,8 +75,10 @@ class LocalTransport final : public Transport {
 #if defined(MEMEFF_WITH_CUDA)
     if (state_.device.type == DeviceType::cuda) {
       cudaEvent_t ready = nullptr;
-      check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      check(cudaEventRecord(ready, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+      check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
+                 "local ring: cudaEventCreateWithFlags");
+      check_cuda(cudaEventRecord(ready, static_cast<cudaStream_t>(stream)),
+                 "local ring: cudaEventRecord");
       posting.ready_event = ready;
     }
 #else
@@ -155,17 +153,19 @@ class LocalTransport final : public Transport {
     }
 #if defined(MEMEFF_WITH_CUDA)
     const auto s = static_cast<cudaStream_t>(stream);
-    check(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(ready), 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(ready), 0),
+               "local ring: cudaStreamWaitEvent");
     for (std::size_t i = 0; i < recv.size(); ++i) {
       if (recv[i].bytes) {
-        check(cudaMemcpyAsync(recv[i].data, source[i].data, recv[i].bytes, cudaMemcpyDeviceToDevice,
-                              s),
-              "cudaMemcpyAsync");
+        check_cuda(cudaMemcpyAsync(recv[i].data, source[i].data, recv[i].bytes,
+                                   cudaMemcpyDeviceToDevice, s),
+                   "local ring: cudaMemcpyAsync");
       }
     }
     cudaEvent_t done = nullptr;
-    check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(done, s), "cudaEventRecord");
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+               "local ring: cudaEventCreateWithFlags");
+    check_cuda(cudaEventRecord(done, s), "local ring: cudaEventRecord");
     return done;
 #else
     (void)ready;
@@ -178,9 +178,9 @@ class LocalTransport final : public Transport {
   void release(const Posting& mine, void* stream) {
 #if defined(MEMEFF_WITH_CUDA)
     if (mine.copied_event) {
-      check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                static_cast<cudaEvent_t>(mine.copied_event), 0),
-            "cudaStreamWaitEvent");
+      check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                     static_cast<cudaEvent_t>(mine.copied_event), 0),
+                 "local ring: cudaStreamWaitEvent");
       cudaEventDestroy(static_cast<cudaEvent_t>(mine.copied_event));
     }
     if (mine.ready_event) cudaEventDestroy(static_cast<cudaEvent_t>(mine.ready_event));
@@ -238,7 +238,7 @@ void LocalRing::run(const std::function<void(Transport&)>& fn) {
         omp_set_num_threads(omp_share);
 #if defined(MEMEFF_WITH_CUDA)
         if (st.device.type == DeviceType::cuda)
-          check(cudaSetDevice(st.device.index), "cudaSetDevice");
+          check_cuda(cudaSetDevice(st.device.index), "local ring: cudaSetDevice");
 #endif
         fn(*st.transports[r]);
       } catch (const RingAborted&) {

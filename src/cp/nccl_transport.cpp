@@ -16,6 +16,9 @@
 
 #include <cstring>
 #include <deque>
+
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/device.h"
 #endif
 
 namespace memeff::cp {
@@ -23,13 +26,8 @@ namespace memeff::cp {
 #if defined(MEMEFF_WITH_NCCL)
 namespace {
 
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw Error(ErrorCode::cuda_error, std::string("nccl transport: ") + what +
-                                           " failed: " + cudaGetErrorName(status) + ": " +
-                                           cudaGetErrorString(status));
-  }
-}
+using memeff::cuda::check_cuda;
+using memeff::cuda::DeviceScope;
 
 void check_nccl(ncclResult_t status, const char* what) {
   if (status != ncclSuccess) {
@@ -37,21 +35,6 @@ void check_nccl(ncclResult_t status, const char* what) {
                 std::string("nccl transport: ") + what + " failed: " + ncclGetErrorString(status));
   }
 }
-
-// Makes `device` current for a scope and restores the previous device.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 class NcclTransport final : public Transport {
  public:

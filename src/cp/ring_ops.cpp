@@ -15,7 +15,8 @@
 #include "memeff/error.h"
 
 #if defined(MEMEFF_WITH_CUDA)
-#include <cuda_runtime_api.h>
+#include "cuda/runtime/device.h"
+#include "cuda/runtime/workspace.h"
 #endif
 
 namespace memeff::cp::detail {
@@ -79,17 +80,9 @@ DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes, void* stream)
     return;
   }
 #if defined(MEMEFF_WITH_CUDA)
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device.index);
-  const cudaError_t status = cudaMallocAsync(&data_, bytes, static_cast<cudaStream_t>(stream));
-  cudaSetDevice(previous);
-  if (status != cudaSuccess) {
-    data_ = nullptr;
-    throw Error(ErrorCode::cuda_error,
-                "context parallel: cudaMallocAsync of " + std::to_string(bytes) +
-                    " bytes of ring scratch failed: " + cudaGetErrorString(status));
-  }
+  memeff::cuda::DeviceScope scope(device.index);
+  data_ = memeff::cuda::stream_allocate("context-parallel ring", bytes,
+                                        static_cast<cudaStream_t>(stream));
 #else
   no_cuda();
 #endif
@@ -102,12 +95,12 @@ DeviceBuffer::~DeviceBuffer() {
     return;
   }
 #if defined(MEMEFF_WITH_CUDA)
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_.index);
-  cudaFreeAsync(data_,
-                static_cast<cudaStream_t>(stream_));  // stream-ordered: after the ring's work
-  cudaSetDevice(previous);
+  try {
+    memeff::cuda::DeviceScope scope(device_.index);
+    // Stream-ordered: after the ring's work.
+    memeff::cuda::stream_free(data_, static_cast<cudaStream_t>(stream_));
+  } catch (const Error&) {  // a destructor does not throw; the device could not be made current
+  }
 #endif
 }
 

@@ -34,14 +34,18 @@ Workspace::Workspace(const char* who, std::size_t bytes, cudaStream_t stream) : 
   if (bytes > 0) allocate(who, bytes);
 }
 
+void* stream_allocate(const char* who, std::size_t bytes, cudaStream_t stream) {
+  void* data = nullptr;
+  check_cuda(
+      cudaMallocAsync(&data, bytes, stream),
+      ("cudaMallocAsync(" + std::to_string(bytes) + " bytes of " + who + " workspace)").c_str());
+  return data;
+}
+
+void stream_free(void* data, cudaStream_t stream) noexcept { cudaFreeAsync(data, stream); }
+
 void Workspace::allocate(const char* who, std::size_t bytes) {
-  const cudaError_t err = cudaMallocAsync(&data_, bytes, stream_);
-  if (err != cudaSuccess) {
-    data_ = nullptr;
-    check_cuda(
-        err,
-        ("cudaMallocAsync(" + std::to_string(bytes) + " bytes of " + who + " workspace)").c_str());
-  }
+  data_ = stream_allocate(who, bytes, stream_);
   owned_ = true;
 }
 
@@ -52,7 +56,7 @@ void Workspace::release() {
 }
 
 Workspace::~Workspace() {
-  if (owned_) cudaFreeAsync(data_, stream_);
+  if (owned_) stream_free(data_, stream_);
 }
 
 }  // namespace memeff::cuda

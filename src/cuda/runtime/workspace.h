@@ -35,6 +35,11 @@ class Workspace {
   bool owned_ = false;
 };
 
+// The stream-ordered allocation under Workspace, for holders of their own (the ring's buffers):
+// `bytes` on the current device, freed by stream_free on the same stream.
+void* stream_allocate(const char* who, std::size_t bytes, cudaStream_t stream);
+void stream_free(void* data, cudaStream_t stream) noexcept;
+
 // Carves consecutive pieces out of a workspace, each rounded up to `align` bytes.
 class WorkspaceCarver {
  public:
