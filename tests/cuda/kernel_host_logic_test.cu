@@ -1,0 +1,142 @@
+// Host-side logic of the CUDA kernel families that needs no device, so CI runs it: the mask
+// policy's trip counts against a brute-force walk of the mask, the head-dim buckets, the dbias
+// plan and the reasons every fused family shares.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/common/mask.cuh"
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/reasons.h"
+
+namespace memeff::cuda {
+namespace {
+
+// Whether query row i sees key j (the rule KeyMask states).
+bool sees(std::int64_t i, std::int64_t j, std::int64_t Lk, bool causal, std::int64_t shift) {
+  return j < Lk && (!causal || j <= i + shift);
+}
+
+TEST(KeyMask, TripCountsCoverExactlyTheVisibleTiles) {
+  constexpr int kBlockM = 16, kBlockN = 8;
+  for (bool causal : {false, true}) {
+    for (std::int64_t Lk : {0, 1, 7, 8, 9, 40}) {
+      for (std::int64_t shift : {-50, -9, -1, 0, 3, 8, 33}) {
+        const KeyMask mask{causal, Lk, shift};
+        for (std::int64_t m0 : {0, 16, 48}) {
+          // The last key tile with a key some row of [m0, m0 + kBlockM) sees, plus one.
+          int want = 0;
+          for (std::int64_t j = 0; j < Lk; ++j) {
+            for (std::int64_t i = m0; i < m0 + kBlockM; ++i) {
+              if (sees(i, j, Lk, causal, shift)) want = static_cast<int>(j / kBlockN) + 1;
+            }
+          }
+          EXPECT_EQ((mask.key_tiles<kBlockM, kBlockN>(m0)), want)
+              << "causal " << causal << " Lk " << Lk << " shift " << shift << " m0 " << m0;
+        }
+        const int m_blocks = 5;
+        for (std::int64_t n0 : {0, 8, 24, 64}) {
+          // The first query block with a row that sees key n0.
+          int want = m_blocks;
+          for (int m = m_blocks - 1; m >= 0; --m) {
+            for (std::int64_t i = m * kBlockM; i < (m + 1) * kBlockM; ++i) {
+              if (!causal || n0 <= i + shift) want = m;
+            }
+          }
+          EXPECT_EQ(mask.first_query_block<kBlockM>(n0, m_blocks), want)
+              << "causal " << causal << " shift " << shift << " n0 " << n0;
+        }
+      }
+    }
+  }
+}
+
+TEST(HeadDims, TheSmallestBucketThatHoldsTheHeadDim) {
+  using Dims = HeadDims<64, 96, 128, 256>;
+  EXPECT_EQ(Dims::largest, 256);
+  EXPECT_EQ(Dims::bucket_of(8), 64);
+  EXPECT_EQ(Dims::bucket_of(64), 64);
+  EXPECT_EQ(Dims::bucket_of(72), 96);
+  EXPECT_EQ(Dims::bucket_of(136), 256);
+  EXPECT_EQ(Dims::bucket_of(264), 0);
+}
+
+BackwardParams params_with_dbias(int dB, int dH, int dL, bool given) {
+  BackwardParams p;
+  p.B = 2;
+  p.Hq = p.Hkv = 4;
+  p.Lq = 16;
+  p.Lk = 24;
+  p.dbias_shape[0] = dB;
+  p.dbias_shape[1] = dH;
+  p.dbias_shape[2] = dL;
+  static float storage;
+  p.dbias = given ? &storage : nullptr;
+  return p;
+}
+
+TEST(DbiasPlan, FullExtentIsDirectAndABroadcastIsReducedThroughAnAccumulator) {
+  const DbiasPlan full = dbias_plan(params_with_dbias(2, 4, 16, true));
+  EXPECT_EQ(full.mode, DbiasMode::direct);
+  EXPECT_EQ(full.accum_elems, 0);
+  EXPECT_EQ(full.reserved_elems, 0);
+
+  const DbiasPlan rows = dbias_plan(params_with_dbias(2, 1, 1, true));  // over heads and queries
+  EXPECT_EQ(rows.mode, DbiasMode::reduced);
+  EXPECT_EQ(rows.accum_elems, 2 * 1 * 1 * 24);
+  EXPECT_EQ(rows.reserved_elems, rows.accum_elems);
+
+  // Sized before dbias exists (workspace_size with the problem alone): reserved, not used.
+  const DbiasPlan sizing = dbias_plan(params_with_dbias(1, 4, 16, false));
+  EXPECT_EQ(sizing.mode, DbiasMode::none);
+  EXPECT_EQ(sizing.accum_elems, 0);
+  EXPECT_EQ(sizing.reserved_elems, 4 * 16 * 24);
+
+  EXPECT_EQ(dbias_plan(params_with_dbias(0, 0, 0, false)).mode, DbiasMode::none);
+}
+
+std::string joined(const std::vector<std::string>& reasons) {
+  std::string all;
+  for (const std::string& r : reasons) all += r + "\n";
+  return all;
+}
+
+TEST(CommonReasons, NameEachCheckThatFails) {
+  BackwardParams p;
+  p.B = 1;
+  p.Hq = 6;
+  p.Hkv = 4;  // not a divisor
+  p.group = 1;
+  p.D = 36;    // not a multiple of 8
+  p.Dv = 136;  // past the largest bucket
+  alignas(16) static char buffer[64];
+  p.q = buffer + 4;  // misaligned
+  p.dq = buffer + 8;
+  p.k_stride.l = 12;  // not a multiple of 8 elements
+  p.dk_stride.h = 3;  // odd
+  std::vector<std::string> reasons;
+  add_common_reasons(reasons, p, 128, " (TMA)", 2);
+  const std::string all = joined(reasons);
+  EXPECT_NE(all.find("head dim D = 36 is not a multiple of 8 up to 128"), std::string::npos) << all;
+  EXPECT_NE(all.find("value head dim Dv = 136"), std::string::npos) << all;
+  EXPECT_NE(all.find("q, k, v and out must start on 16-byte boundaries (TMA)"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("dout, dq, dk and dv must start on 16-byte boundaries"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("k strides (0, 0, 12)"), std::string::npos) << all;
+  EXPECT_NE(all.find("dk strides (0, 3, 0) are not all even"), std::string::npos) << all;
+  EXPECT_NE(all.find("GQA group"), std::string::npos) << all;
+  EXPECT_EQ(reasons.size(), 7u) << all;
+
+  BackwardParams ok;
+  ok.B = ok.Hq = ok.Hkv = ok.group = 1;
+  ok.D = ok.Dv = 128;
+  reasons.clear();
+  add_common_reasons(reasons, ok, 128, "", 8);
+  EXPECT_TRUE(reasons.empty()) << joined(reasons);
+}
+
+}  // namespace
+}  // namespace memeff::cuda
