@@ -143,11 +143,11 @@ bool run_on_gpu(const Buffers& inputs, Buffers& result) {
 
 int main() {
   std::printf(
-      "memeff %s: B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld, causal bottom-right, "
-      "dropout %.2f\n",
+      "memeff %s: B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld, causal %s, dropout %.2f\n",
       memeff::version(), static_cast<long long>(kB), static_cast<long long>(kHq),
       static_cast<long long>(kHkv), static_cast<long long>(kLq), static_cast<long long>(kLk),
-      static_cast<long long>(kD), kDropout);
+      static_cast<long long>(kD), memeff::causal_mode_name(memeff::CausalMode::bottom_right),
+      kDropout);
   try {
     const Buffers inputs = random_inputs();
     Buffers reference = inputs, cpu = inputs;
