@@ -1,7 +1,8 @@
 // Packed sequences (AttentionArgs::packed) on the host: the views of one sequence inside the
 // packed tensors, and the loop that runs a host backend's dense kernels once per sequence as a
 // B = 1 problem whose dropout map keeps b = s (Problem::rng_batch0), so the packed run draws the
-// padded batch's mask. The CUDA kernels read the offsets themselves (src/cuda/common/varlen.cuh).
+// padded batch's mask. The CUDA kernels read the offsets themselves
+// (src/cuda/kernels/common/varlen.cuh).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
 // The Hopper backward's packed workspace layout on the host (no device needed): the tile
-// scheduler (src/cuda/common/varlen.cuh, its serial form) hands every query or key block of every
-// sequence to exactly one CTA within the grid's bound; each sequence's workspace blocks
-// (packed_block0, src/cuda/sm90/bwd_traits.cuh) are its own, inside the per-head region that
-// backward_workspace_layout sizes; and with unchecked, wild offsets every block and row the
+// scheduler (src/cuda/kernels/common/varlen.cuh, its serial form) hands every query or key block of
+// every sequence to exactly one CTA within the grid's bound; each sequence's workspace blocks
+// (packed_block0, src/cuda/kernels/sm90/bwd_traits.cuh) are its own, inside the per-head region
+// that backward_workspace_layout sizes; and with unchecked, wild offsets every block and row the
 // kernels would touch stays inside the tensors and the workspace.
 #include <gtest/gtest.h>
 

@@ -14,7 +14,7 @@
 // tiles of every sequence, Hkv), each CTA finding its (sequence, key block) with the warp-scan
 // scheduler over cu_seqlens_k; a sequence then reads like a dense batch entry of its own lengths
 // whose rows start at its packed rows, and the fp32 workspace holds one row per (head, packed
-// query row) (bwd_dispatch.cuh). The dense instantiation keeps compile-time zero offsets.
+// query row) (bwd_traits.cuh). The dense instantiation keeps compile-time zero offsets.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -25,14 +25,14 @@
 // written through shared memory to their true rows.
 //
 // Packed sequences (kPacked, params.h: cu_seqlens_q/k): the grid is (key tiles, Hkv) and CTA x
-// takes the key block of the varlen tile scheduler over cu_seqlens_k (src/cuda/common/varlen.cuh),
-// so a sequence gets one CTA per 128 of its keys (one with none, for dk = dv = 0, when it has no
-// queries) and CTAs past the last tile exit. Everything else is the sequence's: its query blocks
-// (Q and dO boxes at its first packed row plus the block's; rows past its end are the next
-// sequence's, whose lse·log2(e) the preprocess set to +inf in the padded workspace, so their P and
-// dS are 0), its keys (loaded by index, zero past its end), its causal diagonal, the dropout map
-// of b = s at positions inside it, and its own block-aligned region of the dQ workspace
-// (packed_block0 in bwd_traits.cuh).
+// takes the key block of the varlen tile scheduler over cu_seqlens_k
+// (src/cuda/kernels/common/varlen.cuh), so a sequence gets one CTA per 128 of its keys (one with
+// none, for dk = dv = 0, when it has no queries) and CTAs past the last tile exit. Everything else
+// is the sequence's: its query blocks (Q and dO boxes at its first packed row plus the block's;
+// rows past its end are the next sequence's, whose lse·log2(e) the preprocess set to +inf in the
+// padded workspace, so their P and dS are 0), its keys (loaded by index, zero past its end), its
+// causal diagonal, the dropout map of b = s at positions inside it, and its own block-aligned
+// region of the dQ workspace (packed_block0 in bwd_traits.cuh).
 #pragma once
 
 #include <cuda.h>

@@ -1,6 +1,6 @@
 // Tile shapes, shared-memory plan and the kernel parameter of the sm90 backward
-// (src/cuda/sm90/bwd_kernel.cuh): what the host launcher needs to size TMA boxes, shared memory,
-// the workspace and the grid, without the kernel.
+// (src/cuda/kernels/sm90/bwd_kernel.cuh): what the host launcher needs to size TMA boxes, shared
+// memory, the workspace and the grid, without the kernel.
 #pragma once
 
 #include <cuda.h>

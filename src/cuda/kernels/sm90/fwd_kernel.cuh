@@ -9,14 +9,14 @@
 // buffers that runs on across items, each completing on its "full" mbarrier and refilled once the
 // consumers arrive on its "empty" one. Warpgroups 1..kConsumers are consumers, each owning 64 query
 // rows: S = Q·Kᵀ on wgmma with both operands in shared memory, the online softmax in registers
-// (src/cuda/common/softmax.cuh), and O += P·V on wgmma with P from registers; O / l is stored from
-// the registers.
+// (src/cuda/kernels/common/softmax.cuh), and O += P·V on wgmma with P from registers; O / l is
+// stored from the registers.
 //
 // Dropout: the keep-bits of a tile depend on coordinates alone, so each consumer draws them (one
-// Philox call per row per 64 keys per lane: the S orientation of src/cuda/common/dropout_frag.cuh,
-// the documented map, so the mask is the reference's bit for bit) right after issuing the tile's
-// Q·Kᵀ, while it would otherwise wait for the tensor cores, and clears the dropped probabilities
-// in its packed P with two byte-permutes per four elements.
+// Philox call per row per 64 keys per lane: the S orientation of
+// src/cuda/kernels/common/dropout_frag.cuh, the documented map, so the mask is the reference's bit
+// for bit) right after issuing the tile's Q·Kᵀ, while it would otherwise wait for the tensor cores,
+// and clears the dropped probabilities in its packed P with two byte-permutes per four elements.
 //
 // Overlap: inside a warpgroup, the Q·Kᵀ of tile it+1 and the P·V of tile it are issued together
 // and the softmax of tile it+1 runs while P·V is still on the tensor cores; across warpgroups,
@@ -29,8 +29,8 @@
 // Packed sequences (kPacked, params.h: cu_seqlens_q/k): one CTA per work item, never persistent
 // (an item's cost follows its sequence's key count, so the hardware's hand-out balances them as
 // it does causal items); CTA x takes head x / packed_tiles and tile x % packed_tiles of the
-// varlen tile scheduler over the query blocks (src/cuda/common/varlen.cuh), so a sequence gets
-// one CTA per query block and no CTA waits on another sequence's length. Rows, masks and the
+// varlen tile scheduler over the query blocks (src/cuda/kernels/common/varlen.cuh), so a sequence
+// gets one CTA per query block and no CTA waits on another sequence's length. Rows, masks and the
 // dropout map are those of the sequence (b = s, positions inside it); the TMA maps describe the
 // packed tensors as [1, H, total, D] and boxes start at the sequence's first row plus the block's:
 // key rows past the sequence's end are the next sequence's, masked by index, and query rows past

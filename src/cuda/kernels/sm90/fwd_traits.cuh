@@ -1,5 +1,5 @@
-// Tile shapes and the kernel parameter of the sm90 forward (src/cuda/sm90/fwd_kernel.cuh): what
-// the host launcher needs to size TMA boxes, shared memory and the grid, without the kernel.
+// Tile shapes and the kernel parameter of the sm90 forward (src/cuda/kernels/sm90/fwd_kernel.cuh):
+// what the host launcher needs to size TMA boxes, shared memory and the grid, without the kernel.
 #pragma once
 
 #include <cuda.h>
@@ -15,8 +15,8 @@ struct ForwardTmaParams {
   CUtensorMap q, k, v;
   ForwardParams p;
   // Packed calls (p.cu_seqlens_q set): the query tiles per head the grid covers, from
-  // varlen_tile_bound (src/cuda/common/varlen.cuh); CTA x takes head x / packed_tiles and tile
-  // x % packed_tiles. The maps then describe the packed tensors as [1, H, total, D].
+  // varlen_tile_bound (src/cuda/kernels/common/varlen.cuh); CTA x takes head x / packed_tiles and
+  // tile x % packed_tiles. The maps then describe the packed tensors as [1, H, total, D].
   int packed_tiles = 0;
 };
 
