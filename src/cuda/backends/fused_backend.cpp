@@ -7,6 +7,13 @@
 #include "core/strings.h"
 
 namespace memeff::detail {
+namespace {
+
+cuda::DeviceCaps caps_of(const cuda::ComputeCapability& cc) {
+  return cuda::DeviceCaps{cc.major, cc.minor, cc.multiprocessors};
+}
+
+}  // namespace
 
 std::vector<std::string> fused_problem_reasons(const Problem& pb, cuda::DeviceCaps& caps,
                                                bool& usable) {
@@ -40,15 +47,12 @@ std::vector<std::string> fused_problem_reasons(const Problem& pb, cuda::DeviceCa
     reasons.push_back(cc.error);
     return reasons;
   }
-  caps = cuda::DeviceCaps{cc.major, cc.minor, cc.multiprocessors};
+  caps = caps_of(cc);
   usable = true;
   return reasons;
 }
 
-cuda::DeviceCaps device_caps(int device) {
-  const cuda::ComputeCapability cc = cuda::compute_capability(device);
-  return cuda::DeviceCaps{cc.major, cc.minor, cc.multiprocessors};
-}
+cuda::DeviceCaps device_caps(int device) { return caps_of(cuda::compute_capability(device)); }
 
 void throw_cannot_run(const char* backend, Pass pass, const std::vector<std::string>& reasons) {
   throw Error(ErrorCode::unsupported, std::string(backend) + " " +
