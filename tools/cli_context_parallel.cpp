@@ -9,23 +9,26 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "cli_json.h"
 #include "cli_problem.h"
+#include "cli_rendezvous.h"
 #include "cli_tolerance.h"
 #include "memeff/context_parallel.h"
 #include "memeff/dispatch.h"
@@ -424,45 +427,51 @@ std::string id_file_of(const ContextParallelRun& run) {
   return env ? env : "";
 }
 
-// Rank 0 writes the NCCL unique id (to a temporary name, then renamed, so a reader never sees
-// half of it); the others wait for it.
-std::vector<std::uint8_t> exchange_unique_id(const std::string& path, int rank) {
-  if (rank == 0) {
-    const std::vector<std::uint8_t> id = cp::nccl_unique_id();
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out.write(reinterpret_cast<const char*>(id.data()), static_cast<std::streamsize>(id.size()));
-      if (!out) throw Error(ErrorCode::io_error, "--nccl-id-file: cannot write " + tmp);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      throw Error(ErrorCode::io_error, "--nccl-id-file: cannot rename " + tmp + " to " + path);
-    }
-    return id;
+// How long the ranks other than 0 wait for rank 0's id file.
+constexpr std::chrono::seconds kIdFileTimeout{120};
+
+// This rank's NCCL communicator. Rank 0 makes the unique id and writes it to the id file
+// (cli_rendezvous.h: a private file with this run's token and world size), the others wait for
+// it. ncclCommInitRank returns on rank 0 only once every rank has joined, so rank 0 then removes
+// the file: a later run never finds it.
+void* init_nccl_comm(const std::string& id_path, const LaunchEnv& env, const RendezvousRank& me,
+                     Device device) {
+  if (env.rank != 0) {
+    const std::vector<std::uint8_t> id = await_nccl_id(
+        id_path, me, env.rank, kIdFileTimeout,
+        [](const std::string& line) { std::fprintf(stderr, "memeff run: %s\n", line.c_str()); });
+    return cp::nccl_comm_init(id, env.world, env.rank, device);
   }
-  constexpr std::size_t kIdBytes = 128;  // sizeof(ncclUniqueId)
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream in(path, std::ios::binary);
-    std::vector<std::uint8_t> id(kIdBytes);
-    if (in && in.read(reinterpret_cast<char*>(id.data()), kIdBytes) && in.gcount() == kIdBytes) {
-      return id;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::vector<std::uint8_t> id = cp::nccl_unique_id();
+  const PublishedId published = publish_nccl_id(id_path, id, me);
+  if (!published.replaced.empty()) {
+    std::fprintf(stderr, "memeff run: rank 0 replaced a stale NCCL id file %s (%s)\n",
+                 id_path.c_str(), published.replaced.c_str());
   }
-  throw Error(ErrorCode::io_error, "--nccl-id-file: rank " + std::to_string(rank) +
-                                       " waited 120 s for rank 0 to write the NCCL unique id to " +
-                                       path);
+  struct Retract {
+    const std::string& path;
+    const PublishedId& published;
+    ~Retract() { retract_nccl_id(path, published); }
+  } retract{id_path, published};
+  return cp::nccl_comm_init(id, env.world, env.rank, device);
 }
 
 // One rank of an NCCL ring, in its own process on GPU LOCAL_RANK.
 int run_nccl_rank(const ContextParallelRun& run, const LaunchEnv& env, const Partition& qp,
                   const Partition& kp) {
+  const RendezvousRank me = this_rank(env.world);  // "started": files older than now are stale
   const ShapeConfig& c = run.shape;
   if (env.world != run.ranks) {
     throw UsageError("--context-parallel " + std::to_string(run.ranks) +
                      " but WORLD_SIZE=" + std::to_string(env.world) + ": one process per rank");
   }
+  const std::string id_path = id_file_of(run);
+  if (id_path.empty()) {
+    throw UsageError(
+        "--nccl-id-file (or MEMEFF_NCCL_ID_FILE) is needed with RANK/WORLD_SIZE: rank "
+        "0 writes the NCCL unique id there and the other ranks read it");
+  }
+  check_id_directory(id_path);  // before the single-device run, not after it
   const CudaStatus cuda = cuda_status();
   if (!cuda.why_not.empty())
     throw Error(ErrorCode::cuda_error, "--context-parallel with NCCL: " + cuda.why_not);
@@ -471,19 +480,12 @@ int run_nccl_rank(const ContextParallelRun& run, const LaunchEnv& env, const Par
                 "LOCAL_RANK=" + std::to_string(env.local_rank) + " but this machine has " +
                     std::to_string(cuda.device_count) + " CUDA device(s): one GPU per rank");
   }
-  const std::string id_path = id_file_of(run);
-  if (id_path.empty()) {
-    throw UsageError(
-        "--nccl-id-file (or MEMEFF_NCCL_ID_FILE) is needed with RANK/WORLD_SIZE: rank "
-        "0 writes the NCCL unique id there and the other ranks read it");
-  }
   const Device device = Device::cuda(env.local_rank);
   const Options options = block_options(run);
   const AttentionData whole = make_attention_data(c, device);
   const Expected expected = single_device(whole, options);
   RankTensors t = upload_rank(whole, qp, kp, env.rank, device);
-  void* comm =
-      cp::nccl_comm_init(exchange_unique_id(id_path, env.rank), env.world, env.rank, device);
+  void* comm = init_nccl_comm(id_path, env, me, device);
   struct CommGuard {
     void* comm;
     ~CommGuard() { cp::nccl_comm_destroy(comm); }
@@ -529,21 +531,36 @@ int launch_ranks(const ContextParallelRun& run) {
                     std::to_string(cuda.device_count) +
                     " (--cp-transport local runs every rank on one GPU in this process)");
   }
+  // The id file: the caller's (checked here once, not in every rank), else one in a private
+  // directory made here and removed at the end. The ranks share a fresh run token.
   std::string id_path = id_file_of(run);
-  bool own_file = false;
+  struct OwnDirectory {
+    std::string path;
+    ~OwnDirectory() {
+      std::error_code ignored;
+      if (!path.empty()) std::filesystem::remove_all(path, ignored);
+    }
+  } own_dir;
   if (id_path.empty()) {
-    char name[] = "/tmp/memeff-nccl-id-XXXXXX";
-    const int fd = ::mkstemp(name);
-    if (fd < 0) throw Error(ErrorCode::io_error, "cannot create a temporary NCCL id file in /tmp");
-    ::close(fd);
-    id_path = name;
-    own_file = true;
+    std::string name = (std::filesystem::temp_directory_path() / "memeff-nccl-XXXXXX").string();
+    if (!::mkdtemp(name.data())) {
+      throw Error(ErrorCode::io_error, "cannot create a private directory " + name +
+                                           " for the NCCL id file: " + std::strerror(errno));
+    }
+    own_dir.path = name;
+    id_path = name + "/nccl-id";
   }
+  check_id_directory(id_path);
+  std::random_device entropy;
+  char token[64];
+  std::snprintf(token, sizeof token, "memeff-%d-%08x%08x", static_cast<int>(::getpid()), entropy(),
+                entropy());
   std::vector<pid_t> children;
   for (int r = 0; r < run.ranks; ++r) {
     std::vector<std::string> env_strings;
     auto replaced = [](const std::string& kv) {
-      for (const char* name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MEMEFF_NCCL_ID_FILE="}) {
+      for (const char* name :
+           {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MEMEFF_NCCL_ID_FILE=", "MEMEFF_RUN_TOKEN="}) {
         if (kv.rfind(name, 0) == 0) return true;
       }
       return false;
@@ -555,6 +572,7 @@ int launch_ranks(const ContextParallelRun& run) {
     env_strings.push_back("WORLD_SIZE=" + std::to_string(run.ranks));
     env_strings.push_back("LOCAL_RANK=" + std::to_string(r));
     env_strings.push_back("MEMEFF_NCCL_ID_FILE=" + id_path);
+    env_strings.push_back(std::string("MEMEFF_RUN_TOKEN=") + token);
     std::vector<std::string> args{"memeff", "run"};
     args.insert(args.end(), run.argv.begin(), run.argv.end());
     std::vector<char*> argv, envp;
@@ -577,7 +595,6 @@ int launch_ranks(const ContextParallelRun& run) {
       worst = std::max(worst, WEXITSTATUS(status));
     }
   }
-  if (own_file) std::remove(id_path.c_str());
   return worst;
 }
 

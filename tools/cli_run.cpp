@@ -652,7 +652,8 @@ Exits with 1 when an error exceeds its tolerance.
   app->add_option(
          "--nccl-id-file", rc->cp.id_file,
          "where rank 0 writes the NCCL unique id for the others (default $MEMEFF_NCCL_ID_FILE, or\n"
-         "a temporary file when this program starts the ranks itself)")
+         "a temporary file when this program starts the ranks itself); in a directory only you\n"
+         "can write, e.g. from `mktemp -d` (docs/context_parallel.md, \"The NCCL id file\")")
       ->type_name("PATH");
   app->footer(
       R"(defaults: B=2 Hq=Hkv=8 Lq=Lk=512 D=Dv=64, bf16 on cuda / fp32 on cpu, causal top_left,
