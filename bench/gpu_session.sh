@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: the gpu-labelled tests, compute-sanitizer on small cases of each
-# CUDA backend, the main job, then `memeff bench` (the default dispatch, and the mma.sync `cuda`
-# backend alone as the baseline) and PyTorch's SDPA backends (bench/torch_sdpa.py, a copy of the
-# project's peer script) on the anchor shapes plus GQA 4:1, head dim 96 and 256 in the same call,
-# and an autotune demonstration.
+# CUDA backend, the main job, the soak run (tests/soak), then `memeff bench` (the default
+# dispatch, and the mma.sync `cuda` backend alone as the baseline) and PyTorch's SDPA backends
+# (bench/torch_sdpa.py, a copy of the project's peer script) on the anchor shapes plus GQA 4:1,
+# head dim 96 and 256 in the same call, and an autotune demonstration.
 # Usage: bench/gpu_session.sh BUILD_DIR TORCH_SCRIPT   (logs and JSON rows go to $OUT)
 # SKIP_CPU=1 skips the CPU comparison, SKIP_TUNE=1 the autotune demonstration; TORCH_BACKENDS
 # (default "flash cudnn") picks the peers; BASELINE_BIN=DIR (an older build) benches it beside
 # this one, twice each, in the same call. SKIP_CHECKS=1 skips the tests, sanitizers and runs
-# (a second call on a warm machine that only measures), SKIP_BENCH=1 everything after them. bench/gpu_python.sh is the PyTorch package's half.
+# (a second call on a warm machine that only measures), SKIP_BENCH=1 everything after them;
+# SKIP_SOAK=1 skips the soak run, SOAK_CALLS=N sets its calls (default 10000). bench/gpu_python.sh
+# is the PyTorch package's half.
 set -uo pipefail
 # Every step has a time limit, so a hang costs that step and not the whole call.
-bin="${1:?build dir with tools/memeff and tests/memeff_gpu_tests}"
+bin="${1:?build dir with tools/memeff, tests/memeff_gpu_tests and tests/soak/memeff_soak}"
 torch_script="${2:-}"
 out="${OUT:-/tmp/memeff-gpu-session}"
 mkdir -p "$out"
@@ -60,6 +62,16 @@ for n in 2 4; do
   timeout 60 "$bin/tools/memeff" run --device cuda \
     --context-parallel $n --cp-transport local 2>&1 | tee -a "$out/run_cp.log"
 done
+
+# The soak run (docs/testing.md): 10,000 random calls on the fused backends, every 10th checked
+# against the reference, free device memory and host RSS read after 100 calls and at the end.
+if [ -z "${SKIP_SOAK:-}" ]; then
+  step "soak: ${SOAK_CALLS:-10000} random calls on cuda and cuda_sm90, every 10th checked, memory before and after"
+  timeout 420 "$bin/tests/soak/memeff_soak" --backend auto --calls "${SOAK_CALLS:-10000}" \
+    --check-every 10 --max-seconds 360 > "$out/soak.log" 2>&1
+  echo "soak exit $?"
+  tail -n 14 "$out/soak.log"
+fi
 
 fi  # SKIP_CHECKS
 if [ -n "${SKIP_BENCH:-}" ]; then step "done"; exit 0; fi
