@@ -12,6 +12,10 @@ if python3 -c "import torch" 2>/dev/null; then
     echo "torch is importable but pytest is not: python3 -m pip install pytest, then rerun" >&2
     exit 1
   fi
+  if ! python3 -c "import hypothesis" 2>/dev/null; then
+    echo "hypothesis is not importable: the property tests (python/tests/test_properties.py)" \
+         "are skipped (python3 -m pip install hypothesis runs them)" >&2
+  fi
   mkdir -p "${MEMEFF_BUILD_DIR:-build}/python-site"
   site="$(cd "${MEMEFF_BUILD_DIR:-build}/python-site" && pwd)"
   echo "== the PyTorch package: pip install --target $site ./python, then pytest python/tests" >&2

@@ -63,14 +63,16 @@ def max_error(actual, expected):
     return (actual.detach().double() - expected.detach().double()).abs().max().item()
 
 
-def assert_close_to_reference(actual, expected, baseline, dtype, what):
-    """|actual - expected| <= 2·|baseline - expected| + floor(dtype)·max(1, |expected|)."""
+def assert_close_to_reference(actual, expected, baseline, dtype, what, magnitude=None):
+    """|actual - expected| <= 2·|baseline - expected| + floor(dtype)·max(1, |expected|), or
+    max(1, |expected|, magnitude) given the size of the terms that make up expected (where they
+    cancel, their rounding errors stay)."""
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != " \
                                            f"{tuple(expected.shape)}"
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     err = max_error(actual, expected)
     base = max_error(baseline, expected)
-    magnitude = max(1.0, expected.detach().abs().max().item())
+    magnitude = max(1.0, expected.detach().abs().max().item(), magnitude or 0.0)
     tol = 2.0 * base + ERROR_FLOOR[dtype] * magnitude
     if not err <= tol:
         index = (actual.detach().double() - expected.detach().double()).abs().argmax().item()

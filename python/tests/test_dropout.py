@@ -111,3 +111,6 @@ def test_no_dropout_draws_nothing(device):
     out, state = call(device, p=0.0)
     after = torch.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state()
     assert state is None and torch.equal(before, after)
+    # a state passed with p = 0 is not the call's: none is returned or kept (as documented)
+    out, state = call(device, p=0.0, rng_state=torch.tensor([5, 6]))
+    assert state is None and mt.last_rng_state() is None

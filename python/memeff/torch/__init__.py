@@ -255,7 +255,7 @@ def scaled_dot_product_attention(
     # One op: it draws the dropout state itself when p > 0 and none is given.
     out, _, drawn = _ops.fwd(q, k, v, bias, rng_state, p, mode,
                              None if scale is None else float(scale), _backend_order, generator)
-    state = rng_state if rng_state is not None else (drawn if p > 0.0 else None)
+    state = (rng_state if rng_state is not None else drawn) if p > 0.0 else None
     if not torch.compiler.is_compiling():
         _thread_state.last_rng_state = None if state is None else (state, q.device)
     if rank == 3:
@@ -340,7 +340,7 @@ def varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, _max_length(max_seqlen_q, "max_seqlen_q"),
         _max_length(max_seqlen_k, "max_seqlen_k"), rng_state, p, mode,
         None if scale is None else float(scale), _backend_order, bool(check_offsets), generator)
-    state = rng_state if rng_state is not None else (drawn if p > 0.0 else None)
+    state = (rng_state if rng_state is not None else drawn) if p > 0.0 else None
     if not torch.compiler.is_compiling():
         _thread_state.last_rng_state = None if state is None else (state, q.device)
     return _with_extras(out, lse, state, q, return_lse, return_rng_state)
