@@ -72,6 +72,7 @@ struct BenchConfig {
   std::int64_t warmup = -1, iters = -1;  // default: by device
   std::uint64_t seed = 0;
   bool deterministic = false;
+  BiasPattern bias;  // none by default
 };
 
 int bench(const BenchConfig& bc) {
@@ -113,6 +114,7 @@ int bench(const BenchConfig& bc) {
       c.dropout = p_drop;
       c.seed = bc.seed;
       c.dtype = bc.dtype;
+      c.bias = bc.bias;
       Json row = {{"B", c.B},
                   {"H", c.Hq},
                   {"Hkv", c.hkv()},
@@ -121,6 +123,7 @@ int bench(const BenchConfig& bc) {
                   {"D", c.D},
                   {"causal", c.causal != CausalMode::none},
                   {"dropout", p_drop},
+                  {"bias", c.bias.text()},
                   {"dtype", dtype_name(c.dtype_on(device.type))}};
       char label[96];
       std::snprintf(label, sizeof label, "%-24s p=%-4g", s.text.c_str(), p_drop);
@@ -240,6 +243,10 @@ events, median. Progress on stderr, one line per row on stdout.
               "timed calls per pass; the median is reported (default 20 on cuda, 3 on cpu)");
   add_checked(*app, "--seed", bc->seed, "S", unsigned64(),
               "dropout seed and input seed (default 0)");
+  add_value(*app, "--bias", bc->bias, BiasPattern::from_text,
+            "none, full or a pattern over [B, H, Lq, Lk] such as 1hqk or b11k", "PATTERN",
+            "an additive bias on every row: none (default), full (= bhqk) or a broadcast pattern\n"
+            "over [B,H,Lq,Lk] (a 1 marks a broadcast dim, e.g. b11k, 11qk); dbias is computed");
   app->add_flag("--deterministic", bc->deterministic,
                 "time the bitwise-repeatable backward (Options::deterministic)");
   app->add_option("--json", bc->json_path,

@@ -151,9 +151,11 @@ void merge(const TensorView& out_acc, const TensorView& lse_acc, const TensorVie
       store_from_double(lse_acc, la.offset(r, 0), part);
       continue;
     }
-    // Both finite: weights exp(x - lse) <= 1, and log1p keeps the small term's digits.
+    // Weights exp(x - lse) <= 1, and log1p keeps the small term's digits. A NaN lse (a row whose
+    // scores hold a NaN, docs/api.md) makes the merged row NaN: max and min would drop it.
     const double hi = std::max(acc, part), lo = std::min(acc, part);
-    const double lse = hi + std::log1p(std::exp(lo - hi));
+    const double lse = std::isnan(acc) || std::isnan(part) ? std::numeric_limits<double>::quiet_NaN()
+                                                           : hi + std::log1p(std::exp(lo - hi));
     const double w_acc = std::exp(acc - lse), w_part = std::exp(part - lse);
     for (std::int64_t e = 0; e < width; ++e) {
       const std::int64_t o = oa.offset(r, e);

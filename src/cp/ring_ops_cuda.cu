@@ -57,8 +57,9 @@ __global__ void merge_kernel(StridedView out_acc, StridedView lse_acc, StridedVi
       store(lse_acc, lse_off, part);
       continue;
     }
+    // A NaN lse makes the merged row NaN (fmax and fmin would drop it; docs/api.md).
     const double hi = fmax(acc, part), lo = fmin(acc, part);
-    const double lse = hi + log1p(exp(lo - hi));
+    const double lse = isnan(acc) || isnan(part) ? NAN : hi + log1p(exp(lo - hi));
     const double w_acc = exp(acc - lse), w_part = exp(part - lse);
     for (std::int64_t e = 0; e < width; ++e) {
       const std::int64_t o = offset_of(out_acc, r, e);

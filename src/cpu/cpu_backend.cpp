@@ -584,9 +584,12 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
                                      pc.dropout ? keep[r] : 0, pc.keep_scale, pc.dropout);
               // dS is exactly 0 for a row that sees one key (core/visible_keys.h); not in a key
               // block of a larger attention, where the row may see keys of other blocks too.
+              // A NaN or Inf stays: it is the data's, not rounding's (docs/api.md).
               if (!pb.kv_block &&
                   sees_one_key(i, pb.Lk, pb.causal != CausalMode::none, pb.causal_shift())) {
-                std::fill(dsrow, dsrow + kBc, 0.0f);
+                for (int c = 0; c < kBc; ++c) {
+                  if (std::isfinite(dsrow[c])) dsrow[c] = 0.0f;
+                }
               }
               if (dbias) {
                 const TensorView& db = *dbias;

@@ -16,6 +16,7 @@ namespace memeff::detail {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr double kPosInf = std::numeric_limits<double>::infinity();
 
 // Index of the bias element that (b, h, i, j) reads, in the bias view's own coordinates.
 std::int64_t bias_offset(const TensorView& bias, std::int64_t b, std::int64_t h, std::int64_t i,
@@ -26,9 +27,10 @@ std::int64_t bias_offset(const TensorView& bias, std::int64_t b, std::int64_t h,
 
 // One query row's softmax probabilities (normalized) and dropout multipliers.
 struct Row {
-  std::vector<double> p;     // softmax over visible keys; 0 where masked
-  std::vector<double> z;     // keep_scale or 0 (1 everywhere without dropout)
-  double lse = kNegInf;      // -inf when no key is visible
+  std::vector<double> p;        // softmax over visible keys; 0 where masked
+  std::vector<double> z;        // keep_scale or 0 (1 everywhere without dropout)
+  std::vector<char> visible;    // the key is in the row's softmax (not masked, score not -inf)
+  double lse = kNegInf;         // -inf when no key is visible; NaN when a score is NaN or +inf
   bool empty = true;
 };
 
@@ -51,8 +53,9 @@ class ReferenceBackend final : public Backend {
       const std::int64_t kvh = h / pb.group_size();
       for (std::int64_t e = 0; e < pb.Dv; ++e) {
         double acc = 0.0;
+        // Every key the row sees counts, kept or dropped: 0·NaN is NaN (docs/api.md).
         for (std::int64_t j = 0; j < pb.Lk; ++j) {
-          if (row.p[j] == 0.0 || row.z[j] == 0.0) continue;
+          if (!row.visible[j]) continue;
           acc += row.p[j] * row.z[j] * load_as_double(args.v, args.v.offset(b, kvh, j, e));
         }
         store_from_double(out, out.offset(b, h, i, e), acc);
@@ -96,7 +99,7 @@ class ReferenceBackend final : public Backend {
           double di = 0.0;
           for (std::int64_t j = 0; j < pb.Lk; ++j) {
             dp[j] = 0.0;
-            if (row.p[j] == 0.0) continue;
+            if (!row.visible[j]) continue;
             double acc = 0.0;
             for (std::int64_t e = 0; e < pb.Dv; ++e) {
               acc += load_as_double(g.dout, g.dout.offset(b, h, i, e)) *
@@ -114,7 +117,7 @@ class ReferenceBackend final : public Backend {
           }
           std::fill(dq_row.begin(), dq_row.end(), 0.0);
           for (std::int64_t j = 0; j < pb.Lk; ++j) {
-            if (row.p[j] == 0.0) continue;
+            if (!row.visible[j]) continue;
             const double pz = row.p[j] * row.z[j];
             for (std::int64_t e = 0; e < pb.Dv; ++e) {
               dv[kv_index(b, kvh, j, pb.Dv) + e] +=
@@ -168,29 +171,39 @@ class ReferenceBackend final : public Backend {
     Row row;
     row.p.assign(static_cast<std::size_t>(pb.Lk), 0.0);
     row.z.assign(static_cast<std::size_t>(pb.Lk), 1.0);
+    row.visible.assign(static_cast<std::size_t>(pb.Lk), 0);
     std::vector<double> s(static_cast<std::size_t>(pb.Lk), kNegInf);
+    // The maximum of the visible scores; NaN when one is NaN or +inf (then so is every P).
     double m = kNegInf;
+    bool any = false;
     for (std::int64_t j = 0; j < pb.Lk; ++j) {
       if (pb.causal != CausalMode::none && j > i + pb.causal_shift()) continue;
+      // A -inf bias removes the key whatever its score (a NaN there does not reach the row).
+      const double bias =
+          args.bias ? load_as_double(*args.bias, bias_offset(*args.bias, b, h, i, j)) : 0.0;
+      if (bias == kNegInf) continue;
       double dot = 0.0;
       for (std::int64_t e = 0; e < pb.D; ++e) {
         dot += load_as_double(q, q.offset(b, h, i, e)) * load_as_double(k, k.offset(b, kvh, j, e));
       }
-      s[j] = pb.scale * dot;
-      if (args.bias) s[j] += load_as_double(*args.bias, bias_offset(*args.bias, b, h, i, j));
-      m = std::max(m, s[j]);
+      s[j] = pb.scale * dot + bias;
+      if (s[j] == kNegInf) continue;  // weight 0, as a masked key
+      row.visible[static_cast<std::size_t>(j)] = 1;
+      any = true;
+      if (std::isnan(s[j]) || s[j] == kPosInf) m = std::numeric_limits<double>::quiet_NaN();
+      if (!std::isnan(m)) m = std::max(m, s[j]);
     }
-    if (m == kNegInf) return row;  // no visible key: p = 0, lse = -inf
+    if (!any) return row;  // no visible key: p = 0, lse = -inf
     if (whole_lse) {
       if (*whole_lse == kNegInf) return row;  // the row sees no key anywhere: p = 0
       for (std::int64_t j = 0; j < pb.Lk; ++j) {
-        row.p[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - *whole_lse);
+        row.p[j] = row.visible[j] ? std::exp(s[j] - *whole_lse) : 0.0;
       }
       row.lse = *whole_lse;
     } else {
       double sum = 0.0;
       for (std::int64_t j = 0; j < pb.Lk; ++j) {
-        row.p[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
+        row.p[j] = row.visible[j] ? std::exp(s[j] - m) : 0.0;
         sum += row.p[j];
       }
       for (double& pj : row.p) pj /= sum;

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 
 #include "cpu/simd_isa.h"
 
@@ -179,6 +180,42 @@ struct Simd {
       return _mm256_and_ps(a, m);
     }
   }
+  // The lanes where x is NaN, and where x is not -inf (NaN included).
+  MEMEFF_SIMD_TARGET static Mask nan_lanes(F x) {
+    if constexpr (k512) {
+      return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    } else {
+      return _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    }
+  }
+  MEMEFF_SIMD_TARGET static Mask not_minus_inf(F x) {
+    if constexpr (k512) {
+      return _mm512_cmp_ps_mask(x, set1(kNegInf), _CMP_NEQ_UQ);
+    } else {
+      return _mm256_cmp_ps(x, set1(kNegInf), _CMP_NEQ_UQ);
+    }
+  }
+  MEMEFF_SIMD_TARGET static Mask mask_and(Mask a, Mask b) {
+    if constexpr (k512) {
+      return static_cast<Mask>(a & b);
+    } else {
+      return _mm256_and_ps(a, b);
+    }
+  }
+  MEMEFF_SIMD_TARGET static Mask mask_or(Mask a, Mask b) {
+    if constexpr (k512) {
+      return static_cast<Mask>(a | b);
+    } else {
+      return _mm256_or_ps(a, b);
+    }
+  }
+  MEMEFF_SIMD_TARGET static bool any(Mask m) {
+    if constexpr (k512) {
+      return m != 0;
+    } else {
+      return _mm256_movemask_ps(m) != 0;
+    }
+  }
 
   // The fast exp (exp_reduced). AVX-512 applies 2^n with one vscalefps: p·2^n is exact, or
   // (subnormal results) rounded once, as p·2^⌊n/2⌋·2^⌈n/2⌉ is in the AVX2 version, which splits
@@ -292,15 +329,17 @@ MEMEFF_SIMD_TARGET inline typename V::F exp_reduced(typename V::F x, typename V:
 template <CpuIsa kIsa>
 MEMEFF_SIMD_TARGET typename Simd<kIsa>::F Simd<kIsa>::exp(F x) {
   if constexpr (k512) {
-    const Mask normal = _mm512_cmp_ps_mask(x, set1(kExpMinArg), _CMP_GE_OQ);  // false for NaN
-    x = _mm512_min_ps(x, set1(kExpMaxArg));
+    // NaN stays NaN: it counts as normal, and min_ps returns its second operand when one is NaN.
+    const Mask normal = _mm512_cmp_ps_mask(x, set1(kExpMinArg), _CMP_NLT_UQ);
+    x = _mm512_min_ps(set1(kExpMaxArg), x);
     F n;
     const F p = exp_reduced<Simd>(x, n);
     return _mm512_maskz_scalef_ps(normal, p, n);
   } else {
     const F lo = set1(kExpMinArg);
-    const F underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), set1(kExpMaxArg));
+    const F underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);  // false for NaN
+    // NaN stays NaN: min_ps and max_ps return their second operand when one is NaN.
+    x = _mm256_min_ps(set1(kExpMaxArg), _mm256_max_ps(lo, x));
     F n;
     const F p = exp_reduced<Simd>(x, n);
     const __m256i ni = _mm256_cvtps_epi32(n);
@@ -428,15 +467,23 @@ MEMEFF_SIMD_TARGET void online_softmax64(float* s, float scale, const float* bia
   const F neg_inf = V::set1(kNegInf);
   F x[kVectors];
   F mx = neg_inf;
+  typename V::Mask nan{};  // a NaN score the row sees makes its max, and so the row, NaN
 #pragma GCC unroll 8
   for (int q = 0; q < kVectors; ++q) {
-    const typename V::Mask live = V::first_lanes(valid - W * q);
+    typename V::Mask live = V::first_lanes(valid - W * q);
     F v = V::load(s + W * q) * vscale;
-    if (bias) v = v + V::load_live(live, bias + W * q);
+    if (bias) {
+      const F bv = V::load_live(live, bias + W * q);
+      live = V::mask_and(live, V::not_minus_inf(bv));  // a -inf bias removes the key
+      v = v + bv;
+    }
     x[q] = V::blend(live, v, neg_inf);
+    nan = V::mask_or(nan, V::nan_lanes(x[q]));
     mx = V::max(mx, x[q]);
   }
-  const float m_new = std::max(*m, V::fold(Fold::max, mx));
+  // std::max keeps a NaN *m (its first argument) when the comparison is false.
+  const float m_new =
+      V::any(nan) ? std::numeric_limits<float>::quiet_NaN() : std::max(*m, V::fold(Fold::max, mx));
   if (m_new == kNegInf) {
     for (int q = 0; q < kVectors; ++q) V::store(s + W * q, F{});
     return;
@@ -468,9 +515,13 @@ MEMEFF_SIMD_TARGET void softmax_grad64(float* s, const float* dp, float* ds, flo
   const F vd = V::set1(d);
   const F vkeep = V::set1(dropout ? keep_scale : 1.0f);
   for (int c = 0; c < kCpuKeyTile; c += V::kLanes) {
-    const typename V::Mask live = V::first_lanes(valid - c);
+    typename V::Mask live = V::first_lanes(valid - c);
     F x = V::load(s + c) * vscale;
-    if (bias) x = x + V::load_live(live, bias + c);
+    if (bias) {
+      const F bv = V::load_live(live, bias + c);
+      live = V::mask_and(live, V::not_minus_inf(bv));  // a -inf bias removes the key
+      x = x + bv;
+    }
     const F pv = V::exp(V::blend(live, x, neg_inf) - vlse);
     const F z = dropout ? V::zero_unless(V::bit_lanes(keep >> c), vkeep) : vkeep;
     V::store(ds + c, pv * (z * V::load(dp + c) - vd));

@@ -329,6 +329,37 @@ TEST(RingAttention, GqaBiasAndLayoutsOnTheCpuBackend) {
   }
 }
 
+// A NaN in one query row reaches that row's out, lse and dq through the ring as in the
+// single-device run (docs/api.md, non-finite inputs): the merge of partial results through lse
+// keeps a NaN lse instead of dropping it, and no other row is touched.
+TEST(RingAttention, ANaNRowStaysNaNThroughTheMerge) {
+  const Config cfg{.Lq = 150, .Lk = 150, .D = 24, .causal = CausalMode::top_left};
+  Case whole(cfg, 11);
+  const std::int64_t row = 120;
+  whole.q.set(((0 * cfg.Hq + 1) * cfg.Lq + row) * cfg.D + 3, std::nan(""));
+  whole.run_forward("cpu");
+  whole.run_backward("cpu");
+  for (int n = 2; n <= 3; ++n) {
+    const RingResult res = run_ring(whole, n, cp::default_layout(cfg.causal), "cpu");
+    std::int64_t nan_rows = 0;
+    for (int r = 0; r < n; ++r) {
+      const RankTensors& t = res.ranks[r];
+      const HostTensor lse = shard(whole.lse, res.qp, r), out = shard(whole.out, res.qp, r),
+                       dq = shard(whole.dq, res.qp, r);
+      for (std::int64_t x = 0; x < lse.numel(); ++x) {
+        ASSERT_EQ(std::isnan(t.lse.get(x)), std::isnan(lse.get(x))) << "rank " << r << " lse " << x;
+        nan_rows += std::isnan(t.lse.get(x)) ? 1 : 0;
+        if (!std::isnan(lse.get(x))) EXPECT_NEAR(t.lse.get(x), lse.get(x), 1e-4) << x;
+      }
+      for (std::int64_t x = 0; x < out.numel(); ++x) {
+        ASSERT_EQ(std::isnan(t.out.get(x)), std::isnan(out.get(x))) << "rank " << r << " out " << x;
+        ASSERT_EQ(std::isnan(t.dq.get(x)), std::isnan(dq.get(x))) << "rank " << r << " dq " << x;
+      }
+    }
+    EXPECT_EQ(nan_rows, 1) << n << " ranks";
+  }
+}
+
 // The reference in fp64: the ring and the single-device run agree to the rounding of lse to fp32.
 TEST(RingAttention, ShardedEqualsSingleDeviceOnTheReferenceInFp64) {
   for (CausalMode causal : {CausalMode::none, CausalMode::top_left}) {

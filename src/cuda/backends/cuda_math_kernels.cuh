@@ -70,22 +70,28 @@ __device__ __forceinline__ DropoutKey row_key(const RowParams& p) {
   return dropout_key(seed, offset);
 }
 
-// s + bias, or -inf where the causal mask hides key j.
+// s + bias, or -inf where the causal mask or a -inf bias hides key j (whatever s holds).
 __device__ __forceinline__ float masked_score(const RowParams& p, float s, std::int64_t b,
                                               std::int64_t h, std::int64_t i, std::int64_t j) {
   if (p.causal && j > i + p.causal_shift) return -INFINITY;
   if (p.has_bias) {
-    s += static_cast<float>(
+    const float bias = static_cast<float>(
         cuda::load(p.bias, b * p.bias.s[0] + h * p.bias.s[1] + i * p.bias.s[2] + j));
+    s = bias == -INFINITY ? bias : s + bias;
   }
   return s;
+}
+
+// The maximum, NaN when either is (fmaxf drops a NaN, which would hide a NaN row).
+__device__ __forceinline__ float nan_max(float a, float b) {
+  return isnan(a) || isnan(b) ? NAN : fmaxf(a, b);
 }
 
 __device__ float block_reduce(float v, bool is_max) {
   __shared__ float shared[32];
   for (int o = 16; o > 0; o >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, other) : v + other;
+    v = is_max ? nan_max(v, other) : v + other;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // shared[] may still be read by a previous reduction
@@ -95,7 +101,7 @@ __device__ float block_reduce(float v, bool is_max) {
   v = lane < warps ? shared[lane] : (is_max ? -INFINITY : 0.f);
   for (int o = 16; o > 0; o >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, other) : v + other;
+    v = is_max ? nan_max(v, other) : v + other;
   }
   return v;
 }
@@ -111,7 +117,7 @@ __global__ void softmax_forward_kernel(float* S, RowParams p) {
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
     const float s = masked_score(p, row[j], b, h, i, j);
     row[j] = s;
-    m = fmaxf(m, s);
+    m = nan_max(m, s);
   }
   m = block_reduce(m, true);
   float sum = 0.f;

@@ -425,7 +425,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               (i < p.Lq && j < p.Lk)
                   ? load_bias<T>(p.bias, p.bias_is_fp32, bias_row0 + i * p.bias_stride.l + j)
                   : 0.0f;
-          x = fmaf(fmaf(sacc[n][r], p.scale, bv), kLog2e, -lse2);
+          // A -inf bias masks the key whatever the score holds (docs/api.md).
+          x = bv == -INFINITY ? bv : fmaf(fmaf(sacc[n][r], p.scale, bv), kLog2e, -lse2);
         } else {
           x = fmaf(sacc[n][r], p.scale_log2, -lse2);
         }
@@ -474,9 +475,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          // dS is 0 but for a NaN or Inf, which is the data's, not rounding's (docs/api.md):
+          // x·0 is 0 for finite x and NaN otherwise.
           if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
-            dpacc[n][e] = 0.0f;
-            dpacc[n][2 + e] = 0.0f;
+            dpacc[n][e] *= 0.0f;
+            dpacc[n][2 + e] *= 0.0f;
           }
         }
     }

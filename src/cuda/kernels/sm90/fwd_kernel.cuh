@@ -313,6 +313,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), is_causal(p), causal_shift);
     float sum[2];
     online_softmax_step(s, row_m, f, alpha, sum);
+    if constexpr (kBias) {
+      drop_bias_masked_nan<T>(s, sum, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0,
+                              t, p.Lq, p.Lk);
+    }
     row_l[0] = row_l[0] * alpha[0] + sum[0];
     row_l[1] = row_l[1] * alpha[1] + sum[1];
   };
@@ -472,7 +476,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float l = quad_sum(row_l[hh]);
-      const bool empty = !(l > 0.0f);
+      const bool empty = l == 0.0f;  // no visible key; a NaN l (NaN scores) stays NaN
       inv[hh] = empty ? 0.0f : keep_scale / l;
       const std::int64_t i = row0 + 8 * hh;
       if (t == 0 && i < seq_Lq())
