@@ -2,9 +2,10 @@
 # CI beyond scripts/test.sh (run after it; .ci/run calls both): (1) the CPU library, program and
 # unit tests built with clang under AddressSanitizer + UBSan and run; (2) the libFuzzer target
 # (tests/fuzz) for MEMEFF_FUZZ_SECONDS (default 60) from the corpus in the repo, in the same
-# sanitized build; (3) the normal build installed to a fresh prefix, and examples/cpp built
+# sanitized build; (3) the CPU library and unit tests under ThreadSanitizer (the concurrency
+# stress among them); (4) the normal build installed to a fresh prefix, and examples/cpp built
 # against it and run; then the same with a CPU-only shared library (-DBUILD_SHARED_LIBS=ON).
-# Build folders: build-sanitize/, build-shared/ (or under $MEMEFF_CI_DIR).
+# Build folders: build-sanitize/, build-tsan/, build-shared/ (or under $MEMEFF_CI_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -38,6 +39,32 @@ mkdir -p "$work/corpus" "$san/fuzz-artifacts"
   exit 1
 }
 grep -E "stat::number_of_executed_units|stat::new_units_added" "$work/fuzz.log" >&2
+
+step "ThreadSanitizer CPU build (clang, LLVM's libomp with Archer)"
+# Only what the unit-labelled tests run: the library, the unit tests (the concurrency stress among
+# them) and the program (the cli.* tests). CPU-only, no fuzz target, no benchmarks.
+tsan="$ci_dir/build-tsan"
+CC=clang CXX=clang++ cmake -S . -B "$tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DMEMEFF_CUDA=OFF -DMEMEFF_BUILD_BENCH=OFF -DMEMEFF_INSTALL=OFF -DMEMEFF_BUILD_FUZZ=OFF \
+  "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >&2
+cmake --build "$tsan" -j "$jobs" --target memeff_unit_tests memeff_cli >&2
+# The OpenMP runtime is not built with TSan, so its barriers and hand-offs are invisible to it and
+# every parallel region would be reported as a race. Archer (libarcher.so, shipped beside LLVM's
+# libomp) is the OpenMP tool that tells TSan about them: loaded through OMP_TOOL_LIBRARIES, with
+# ignore_noninstrumented_modules=1 (Archer's advice) so TSan skips the runtime's own internals.
+# memeff's OpenMP regions stay checked, with their threads. TSan does not see 32- and 64-byte
+# vector accesses, so the cpu backend runs its scalar kernels here (MEMEFF_CPU_ISA=scalar): the
+# same threads, tiles and buffers as the AVX2/AVX-512 tables, every access visible.
+omp_lib="$(sed -n 's/^OpenMP_omp_LIBRARY:FILEPATH=//p' "$tsan/CMakeCache.txt")"
+archer="$(dirname "${omp_lib:-/nonexistent}")/libarcher.so"
+if [ ! -f "$archer" ]; then
+  echo "ci-extra: no libarcher.so beside the OpenMP runtime (${omp_lib:-none found}); install libomp-dev" >&2
+  exit 1
+fi
+step "unit tests under ThreadSanitizer"
+OMP_TOOL_LIBRARIES="$archer" MEMEFF_CPU_ISA=scalar \
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1" \
+  ctest --test-dir "$tsan" -L unit --output-on-failure -j "$jobs"
 
 example() {  # example PREFIX BUILD: the example against an installed memeff, built and run
   cmake -S examples/cpp -B "$2" -G Ninja -DCMAKE_PREFIX_PATH="$1" >&2

@@ -11,6 +11,9 @@ namespace {
 std::atomic<bool> g_counting{false};
 std::atomic<std::size_t> g_bytes{0};
 std::atomic<std::size_t> g_calls{0};
+}  // namespace
+#ifndef MEMEFF_TEST_NO_ALLOCATION_COUNT
+namespace {
 void* counted(std::size_t n, std::size_t align) {
   if (g_counting.load(std::memory_order_relaxed)) {
     g_bytes += n;
@@ -57,8 +60,17 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#endif
 
 namespace memeff::test {
+
+bool allocation_counting() {
+#ifdef MEMEFF_TEST_NO_ALLOCATION_COUNT
+  return false;
+#else
+  return true;
+#endif
+}
 
 AllocationCount::AllocationCount() {
   g_bytes = 0;

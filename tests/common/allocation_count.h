@@ -7,6 +7,11 @@
 
 namespace memeff::test {
 
+// False in a build whose sanitizer runtime defines operator new and delete itself
+// (ThreadSanitizer's is linked whole: tests/CMakeLists.txt defines MEMEFF_TEST_NO_ALLOCATION_COUNT
+// there): the forms are not replaced and scopes count nothing, so tests skip their counts.
+bool allocation_counting();
+
 class AllocationCount {
  public:
   AllocationCount();   // starts counting from zero

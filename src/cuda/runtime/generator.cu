@@ -15,10 +15,13 @@ namespace {
 
 using cuda::check_cuda;
 
+// Atomic, so draws on streams that the device runs at once (threads sharing a generator, each on
+// a stream of its own) still take distinct offsets; a read and a separate increment could give
+// two of them one offset, hence one mask.
 __global__ void draw_kernel(std::uint64_t seed, std::uint64_t* counter, std::uint64_t* state) {
+  static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
   state[0] = seed;
-  state[1] = *counter;
-  *counter += 1;
+  state[1] = atomicAdd(reinterpret_cast<unsigned long long*>(counter), 1ull);
 }
 
 using cuda::DeviceScope;
