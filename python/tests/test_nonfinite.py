@@ -5,7 +5,8 @@
 #   - with a causal or a key-padding mask, memeff's are a subset of the math path's (the math
 #     path adds the mask to a NaN score and multiplies masked zeros by NaN; in memeff a masked key
 #     never reaches a row's scores) and hold every row that sees the planted value;
-#   - a NaN in a key every row masks leaves out finite;
+#   - a NaN in a key a -inf mask removes for every row makes the rows NaN, as in the math path (the
+#     mask is added to the scores); a key the causal mask hides from every row reaches nothing;
 #   - entries finite in both agree within the dtype's tolerance.
 import math
 
@@ -117,18 +118,31 @@ def test_nonfinite_values_match_the_math_path(device, mask_kind, plant):
         assert not torch.isfinite(got["dq"][b, h, i]).any(), "dq of the NaN dout row is finite"
 
 
-def test_a_nan_key_every_row_masks_never_reaches_out(device):
+def test_a_nan_key_a_mask_removes_reaches_the_rows_as_in_the_math_path(device):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    for value in (NAN, INF, -INF):
+    for value in (NAN, INF):
         t = inputs(device, dtype, ("k", (0, 1, PAD, 4), value))
-        got = run(t, "key_padding", math_path=False)
-        assert torch.isfinite(got["out"]).all(), f"k = {value} at a masked key reached out"
-        mask = torch.ones(B, 1, 1, L, dtype=torch.bool, device=device)
-        mask[..., PAD] = False
-        clean = inputs(device, dtype, ("k", (0, 1, PAD, 4), 0.0))
-        expected = mt.scaled_dot_product_attention(clean["q"], clean["k"], clean["v"],
-                                                   attn_mask=mask)
-        assert torch.equal(got["out"], expected), "a masked key's value changed out"
+        got = run(t, "key_padding", math_path=False)["out"].double().cpu()
+        ref = run(t, "key_padding", math_path=True)["out"].cpu()
+        assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"k = {value} at a masked key"
+        assert torch.isnan(got[0, 1]).any() and torch.isfinite(got[0, 0]).all()
+
+
+def test_keys_the_causal_mask_hides_from_every_row_reach_nothing(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 30, D, generator=gen).to(device, dtype).requires_grad_()
+    k = torch.randn(1, 2, 50, D, generator=gen).to(device, dtype)
+    v = torch.randn(1, 2, 50, D, generator=gen).to(device, dtype)
+    k[0, 1, 40, 2] = NAN  # top-left causal, 30 queries: keys 30..49 are seen by no row
+    v[0, 0, 45, 1] = INF
+    k.requires_grad_()
+    v.requires_grad_()
+    out = mt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.isfinite(out).all(), "a key no row sees reached out"
+    out.sum().backward()
+    assert torch.isfinite(k.grad[:, :, :30]).all() and torch.isfinite(v.grad[:, :, :30]).all(), \
+        "a key no row sees reached another key's gradient"
 
 
 def test_rows_without_keys_stay_zero_with_nan_queries(device):

@@ -27,15 +27,15 @@ void gemm_scalar(int m, int n, int k, const float* a, int lda, const float* b, i
   }
 }
 
-// s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n and
-// where the bias is -inf; returns the maximum, NaN when a score is NaN. (The scalar steps the
-// fused row kernels are made of.)
+// s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n;
+// returns the maximum, NaN when a score is NaN. (The scalar steps the fused row kernels are made
+// of.)
 float scale_bias_max_scalar(float* s, int n, float scale, const float* bias, int valid) {
   valid = std::clamp(valid, 0, n);
   float mx = kNegInf;
   bool nan = false;
   for (int c = 0; c < valid; ++c) {
-    s[c] = bias && bias[c] == kNegInf ? kNegInf : s[c] * scale + (bias ? bias[c] : 0.0f);
+    s[c] = s[c] * scale + (bias ? bias[c] : 0.0f);
     nan = nan || std::isnan(s[c]);
     mx = std::max(mx, s[c]);
   }

@@ -1,8 +1,8 @@
 // NaN and Inf in the data: the semantics of docs/api.md ("Non-finite inputs") as a test oracle.
 // A case is a test::KernelCase whose inputs get NaN or ±Inf planted at chosen elements; the
 // oracle computes, in double, out, lse and the gradients twice:
-//   - tight: every sum runs over the keys a row sees (not removed by the causal mask or a -inf
-//     bias), kept or dropped; products with a non-finite value are not skipped (0·NaN = NaN),
+//   - tight: every sum runs over the keys a row sees (not removed by the causal mask, and with a
+//     score above -inf after the bias is added), kept or dropped; products with a non-finite value are not skipped (0·NaN = NaN),
 //     except that dV takes 0 where dropout drops a key of a NaN row. What is non-finite here
 //     must be non-finite on every backend (nothing hidden).
 //   - loose: the sums run over every key, masked ones too, with probability 0 there (NaN where
@@ -45,6 +45,7 @@ struct NonFiniteCase {
   KernelCase kc;
   std::vector<Plant> plants;
   bool minus_inf_key_padding = false;  // bias column Lk - 3 is -inf for every row (needs a bias)
+  bool reaches_nothing = false;        // the plants must reach no output
 };
 
 // The inputs of a case: KernelInputs with dout, the -inf key padding, then the plants.
@@ -138,8 +139,9 @@ inline OracleResult nonfinite_oracle(const KernelCase& c, const KernelInputs& in
         double m = -kInf;
         for (std::int64_t j = 0; j < Lk; ++j) {
           visible[j] = c.causal == CausalMode::none || j <= i + shift;
+          // The bias is added (a -inf entry masks a finite score; with a NaN or +inf score it
+          // gives NaN, as in PyTorch's math path).
           const double bias = in.bias ? biasd[bias_index(b, h, i, j)] : 0.0;
-          if (bias == -kInf) visible[j] = false;
           if (!visible[j]) continue;
           double dot = 0.0;
           const double* qr = qp + ((b * Hq + h) * Lq + i) * D;
@@ -318,9 +320,9 @@ inline void expect_nonfinite_case(const NonFiniteCase& c, const NonFiniteInputs&
   if (run.dbias) {
     reached += expect_nonfinite_semantics(*run.dbias, tight.dbias, loose.dbias, grad_rtol, "dbias");
   }
-  // Every case plants something that must show (the masked-key case excepted: it must not).
-  if (c.minus_inf_key_padding) {
-    EXPECT_EQ(reached, 0) << "a key masked by a -inf bias reached an output";
+  // Every case plants something that must show, or must not show anywhere.
+  if (c.reaches_nothing) {
+    EXPECT_EQ(reached, 0) << "a value no row sees reached an output";
   } else {
     EXPECT_GT(reached, 0) << "the planted values reach no output: the case tests nothing";
   }
@@ -363,10 +365,17 @@ inline std::vector<NonFiniteCase> nonfinite_cases(DType dtype) {
   cases.push_back({"nan_in_dout", base(top_left, 0.1, "none"), {{"dout", 1, 0, 90, 4, nan}}});
   cases.push_back({"nan_and_inf_in_bias", base(none, 0.0, "bhqk"),
                    {{"bias", 0, 1, 10, 150, nan}, {"bias", 1, 0, 140, 3, inf}}});
-  // A key masked for every row by a -inf bias column never reaches anything, whatever it holds.
-  NonFiniteCase padded{"masked_key_holds_nan", base(none, 0.1, "b11k"),
+  // A -inf bias is added to the score, as in PyTorch's math path: a NaN or Inf in the key it masks
+  // still makes the rows NaN (the causal mask, a selection, keeps such a key out: next case).
+  NonFiniteCase padded{"key_masked_by_bias_holds_nan", base(none, 0.1, "b11k"),
                        {{"k", 0, 0, 197, 1, nan}, {"k", 1, 1, 197, 2, inf}}, true};
   cases.push_back(padded);
+  // Keys no row sees under a top-left causal mask (Lk > Lq: keys 150..199) never reach out, lse,
+  // dq or another key's gradients, whatever they hold.
+  NonFiniteCase unseen{"keys_no_row_sees_hold_nan", base(top_left, 0.0, "none"),
+                       {{"k", 0, 1, 170, 0, nan}, {"v", 1, 0, 180, 3, inf}, {"k", 1, 1, 199, 5, inf}}};
+  unseen.reaches_nothing = true;
+  cases.push_back(unseen);
   // Rows that see no key (bottom-right, Lq > Lk) stay 0 with lse -inf, NaN in q or not.
   NonFiniteCase no_keys{"rows_without_keys", base(bottom_right, 0.0, "none"),
                         {{"q", 0, 0, 2, 0, nan}, {"q", 1, 1, 180, 3, nan}}};

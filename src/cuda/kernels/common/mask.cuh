@@ -82,8 +82,6 @@ __device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::
 
 // s = scale·s + bias(i, j) for the fragment's two rows (0 where i >= Lq or j >= Lk). `base` is
 // the offset of (b, h) in the bias, `stride_l` its row stride (0 when broadcast over queries).
-// A NaN or Inf score at a -inf bias entry gives NaN here; drop_bias_masked_nan undoes it after the
-// softmax step, off the hot path.
 template <class T, int kNT>
 __device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* bias, bool is_fp32,
                                                 std::int64_t base, std::int64_t stride_l,
@@ -101,50 +99,6 @@ __device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* 
         const float bv = (i < Lq && j < Lk) ? load_bias<T>(bias, is_fp32, row_base + j) : 0.0f;
         s[n][2 * hh + e] = fmaf(s[n][2 * hh + e], scale, bv);
       }
-  }
-}
-
-// After online_softmax_step on scores that add_scaled_bias biased: a key a -inf bias masks never
-// reaches the row (docs/api.md), but a NaN or Inf score there made scale·s + bias NaN, and with it
-// this thread's share of the row sum (the row max ignores NaN). Where a share is NaN (rare, so
-// the check is one compare per row and tile), the probabilities at -inf bias entries become 0 and
-// the share is summed again; a NaN score at a key the row sees stays NaN.
-template <class T, int kNT>
-__device__ __noinline__ void drop_bias_masked_nan_slow(float (&s)[kNT][4], float (&sum)[2],
-                                                     const void* bias, bool is_fp32,
-                                                     std::int64_t base, std::int64_t stride_l,
-                                                     std::int64_t row0, std::int64_t n0, int t,
-                                                     std::int64_t Lq, std::int64_t Lk) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    if (!isnan(sum[hh])) continue;
-    const std::int64_t i = row0 + 8 * hh;
-    float acc = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const std::int64_t j = n0 + 8 * n + 2 * t + e;
-        float& x = s[n][2 * hh + e];
-        if (i < Lq && j < Lk && load_bias<T>(bias, is_fp32, base + i * stride_l + j) == -INFINITY) {
-          x = 0.0f;
-        }
-        acc += x;
-      }
-    sum[hh] = acc;
-  }
-}
-
-// The check, inline; the work, out of line (a call only where a share is NaN), so the hot path's
-// registers are not spent on it.
-template <class T, int kNT>
-__device__ __forceinline__ void drop_bias_masked_nan(float (&s)[kNT][4], float (&sum)[2],
-                                                     const void* bias, bool is_fp32,
-                                                     std::int64_t base, std::int64_t stride_l,
-                                                     std::int64_t row0, std::int64_t n0, int t,
-                                                     std::int64_t Lq, std::int64_t Lk) {
-  if (isnan(sum[0]) || isnan(sum[1])) {
-    drop_bias_masked_nan_slow<T>(s, sum, bias, is_fp32, base, stride_l, row0, n0, t, Lq, Lk);
   }
 }
 

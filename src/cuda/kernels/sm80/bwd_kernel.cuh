@@ -312,11 +312,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                                       : to_float(static_cast<const T*>(p.bias)[off])) *
                       kLog2e;
           }
-          // A -inf bias masks the key whatever the score holds, and rows past Lq have P = 0 even
-          // where their score is NaN (docs/api.md).
-          float pv = bias_l2 == -INFINITY || qi >= rows_left
-                         ? 0.f
-                         : fast_exp2(fmaf(s[n][r], p.scale_log2, bias_l2 - l2));
+          float pv = fast_exp2(fmaf(s[n][r], p.scale_log2, bias_l2 - l2));
           if (need_mask && (kr >= keys_left || kr - qi > causal_lim)) pv = 0.f;
           float z = 1.f;
           if (p.has_dropout) z = ((kbits >> (byte_lo + 2 * hh)) & 1u) ? keep_scale : 0.f;

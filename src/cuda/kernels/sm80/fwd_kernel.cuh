@@ -275,11 +275,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     for (int mt = 0; mt < kMT; ++mt) {
       float alpha[2], sum[2];
       online_softmax_step(s[mt], row_m[mt], f, alpha, sum);
-      if (has_bias) {
-        drop_bias_masked_nan<T>(s[mt], sum, p.bias, p.bias_is_fp32,
-                                b * p.bias_stride.b + h * p.bias_stride.h, p.bias_stride.l,
-                                m0 + warp_row0 + mt * 16 + g, n0, t, Lq, Lk);
-      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         row_l[mt][hh] = row_l[mt][hh] * alpha[hh] + sum[hh];

@@ -425,8 +425,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               (i < p.Lq && j < p.Lk)
                   ? load_bias<T>(p.bias, p.bias_is_fp32, bias_row0 + i * p.bias_stride.l + j)
                   : 0.0f;
-          // A -inf bias masks the key whatever the score holds (docs/api.md).
-          x = bv == -INFINITY ? bv : fmaf(fmaf(sacc[n][r], p.scale, bv), kLog2e, -lse2);
+          x = fmaf(fmaf(sacc[n][r], p.scale, bv), kLog2e, -lse2);
         } else {
           x = fmaf(sacc[n][r], p.scale_log2, -lse2);
         }

@@ -313,10 +313,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), is_causal(p), causal_shift);
     float sum[2];
     online_softmax_step(s, row_m, f, alpha, sum);
-    if constexpr (kBias) {
-      drop_bias_masked_nan<T>(s, sum, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0,
-                              t, p.Lq, p.Lk);
-    }
     row_l[0] = row_l[0] * alpha[0] + sum[0];
     row_l[1] = row_l[1] * alpha[1] + sum[1];
   };
