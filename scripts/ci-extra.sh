@@ -41,13 +41,14 @@ mkdir -p "$work/corpus" "$san/fuzz-artifacts"
 grep -E "stat::number_of_executed_units|stat::new_units_added" "$work/fuzz.log" >&2
 
 step "ThreadSanitizer CPU build (clang, LLVM's libomp with Archer)"
-# Only what the unit-labelled tests run: the library, the unit tests (the concurrency stress among
-# them) and the program (the cli.* tests). CPU-only, no fuzz target, no benchmarks.
+# Every target the unit-labelled tests run (the library, the unit tests with the concurrency
+# stress, the program for the cli.* tests, the soak): the default targets of a CPU-only build
+# without fuzz target and benchmarks, so a new unit-labelled test cannot find its program missing.
 tsan="$ci_dir/build-tsan"
 CC=clang CXX=clang++ cmake -S . -B "$tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DMEMEFF_CUDA=OFF -DMEMEFF_BUILD_BENCH=OFF -DMEMEFF_INSTALL=OFF -DMEMEFF_BUILD_FUZZ=OFF \
   "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >&2
-cmake --build "$tsan" -j "$jobs" --target memeff_unit_tests memeff_cli >&2
+cmake --build "$tsan" -j "$jobs" >&2
 # The OpenMP runtime is not built with TSan, so its barriers and hand-offs are invisible to it and
 # every parallel region would be reported as a race. Archer (libarcher.so, shipped beside LLVM's
 # libomp) is the OpenMP tool that tells TSan about them: loaded through OMP_TOOL_LIBRARIES, with
