@@ -164,12 +164,13 @@ std::string counts_text(const std::map<std::string, std::int64_t>& m) {
   return s;
 }
 
-// Under AddressSanitizer freed memory waits in a quarantine of up to 256 MiB, so RSS grows
+// Under AddressSanitizer freed memory waits in a quarantine of up to 256 MiB, and under
+// ThreadSanitizer shadow memory and per-thread histories grow with what was touched, so RSS grows
 // without a leak: the host criterion is skipped there (LeakSanitizer checks leaks at exit).
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kRssMeaningful = false;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 constexpr bool kRssMeaningful = false;
 #else
 constexpr bool kRssMeaningful = true;
