@@ -328,6 +328,11 @@ inline void expect_nonfinite_case(const NonFiniteCase& c, const NonFiniteInputs&
   }
 }
 
+// Every case of nonfinite_cases(dtype) on `backend`: `run(case, inputs)` returns the backend's
+// NonFiniteRun (forward, then the backward from its out and lse), held to the oracle within rtol.
+template <class Run>
+void expect_every_nonfinite_case(const std::string& backend, DType dtype, double rtol, Run&& run);
+
 // The cases every backend runs (with `dtype` and lengths that cross the fused kernels' tiles).
 inline std::vector<NonFiniteCase> nonfinite_cases(DType dtype) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -387,6 +392,17 @@ inline std::vector<NonFiniteCase> nonfinite_cases(DType dtype) {
   gqa.kc.Hq = 4;
   cases.push_back(gqa);
   return cases;
+}
+
+template <class Run>
+void expect_every_nonfinite_case(const std::string& backend, DType dtype, double rtol, Run&& run) {
+  for (NonFiniteCase c : nonfinite_cases(dtype)) {
+    c.kc.backend = backend;
+    SCOPED_TRACE(c.name + ": " + c.kc.describe());
+    NonFiniteInputs inputs(c, 11);
+    const NonFiniteRun result = run(c, inputs);
+    expect_nonfinite_case(c, inputs, result, rtol);
+  }
 }
 
 }  // namespace memeff::test
