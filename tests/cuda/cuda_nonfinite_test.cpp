@@ -55,7 +55,9 @@ class CudaNonFinite : public ::testing::TestWithParam<std::tuple<std::string, DT
 };
 
 TEST_P(CudaNonFinite, EveryCaseWithinTheDocumentedBounds) {
-  const auto& [backend, dtype] = GetParam();
+  // Named copies, not structured bindings: clang 14 cannot capture those in a lambda.
+  const std::string backend = std::get<0>(GetParam());
+  const DType dtype = std::get<1>(GetParam());
   test::expect_every_nonfinite_case(
       backend, dtype, dtype == DType::bf16 ? 3e-2 : 1e-2,
       [&](const NonFiniteCase& c, test::NonFiniteInputs& inputs) {

@@ -37,7 +37,9 @@ test::NonFiniteRun run_on_host(const NonFiniteCase& c, test::NonFiniteInputs& in
 class HostNonFinite : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
 TEST_P(HostNonFinite, EveryCaseWithinTheDocumentedBounds) {
-  const auto& [backend, dtype] = GetParam();
+  // Named copies, not structured bindings: clang 14 cannot capture those in a lambda.
+  const std::string backend = std::get<0>(GetParam());
+  const DType dtype = std::get<1>(GetParam());
   const double rtol = dtype == DType::f32 ? 1e-4 : dtype == DType::bf16 ? 3e-2 : 1e-2;
   test::expect_every_nonfinite_case(
       backend, dtype, rtol, [&](const NonFiniteCase& c, test::NonFiniteInputs& inputs) {
