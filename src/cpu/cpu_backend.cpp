@@ -584,12 +584,11 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
                                      pc.dropout ? keep[r] : 0, pc.keep_scale, pc.dropout);
               // dS is exactly 0 for a row that sees one key (core/visible_keys.h); not in a key
               // block of a larger attention, where the row may see keys of other blocks too.
-              // A NaN or Inf stays: it is the data's, not rounding's (docs/api.md).
+              // A NaN or Inf stays: it is the data's, not rounding's (docs/api.md); x·0 is 0 for
+              // finite x and NaN otherwise, as in the sm90 backward.
               if (!pb.kv_block &&
                   sees_one_key(i, pb.Lk, pb.causal != CausalMode::none, pb.causal_shift())) {
-                for (int c = 0; c < kBc; ++c) {
-                  if (std::isfinite(dsrow[c])) dsrow[c] = 0.0f;
-                }
+                for (int c = 0; c < kBc; ++c) dsrow[c] *= 0.0f;
               }
               if (dbias) {
                 const TensorView& db = *dbias;

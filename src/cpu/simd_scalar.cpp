@@ -28,18 +28,15 @@ void gemm_scalar(int m, int n, int k, const float* a, int lda, const float* b, i
 }
 
 // s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n;
-// returns the maximum, NaN when a score is NaN. (The scalar steps the fused row kernels are made
-// of.)
+// returns the maximum of the scores that are not NaN. (The scalar steps the fused row kernels are
+// made of.)
 float scale_bias_max_scalar(float* s, int n, float scale, const float* bias, int valid) {
   valid = std::clamp(valid, 0, n);
   float mx = kNegInf;
-  bool nan = false;
   for (int c = 0; c < valid; ++c) {
     s[c] = s[c] * scale + (bias ? bias[c] : 0.0f);
-    nan = nan || std::isnan(s[c]);
     mx = std::max(mx, s[c]);
   }
-  if (nan) mx = std::numeric_limits<float>::quiet_NaN();
   for (int c = valid; c < n; ++c) s[c] = kNegInf;
   return mx;
 }
@@ -57,11 +54,15 @@ float exp_sub_sum_scalar(float* s, int n, float sub) {
 void online_softmax64_scalar(float* s, float scale, const float* bias, int valid, float* m,
                              float* l, float* o, int n) {
   const float tile_max = scale_bias_max_scalar(s, kCpuKeyTile, scale, bias, valid);
-  // NaN when either is: std::max keeps a NaN first argument, the test catches a NaN second.
-  const float m_new = std::isnan(tile_max) ? tile_max : std::max(*m, tile_max);
+  // As the vector kernels: a NaN score makes the row sum NaN through exp; only a tile whose
+  // scores are all NaN or -inf needs the check, lest it pass for one that sees no key.
+  float m_new = std::max(*m, tile_max);
   if (m_new == kNegInf) {
-    std::fill(s, s + kCpuKeyTile, 0.0f);
-    return;
+    if (std::none_of(s, s + kCpuKeyTile, [](float x) { return std::isnan(x); })) {
+      std::fill(s, s + kCpuKeyTile, 0.0f);
+      return;
+    }
+    m_new = std::numeric_limits<float>::quiet_NaN();
   }
   const float alpha = *m == m_new ? 1.0f : std::exp(*m - m_new);  // NaN once m_new is
   const float sum = exp_sub_sum_scalar(s, kCpuKeyTile, m_new);

@@ -453,22 +453,26 @@ MEMEFF_SIMD_TARGET void online_softmax64(float* s, float scale, const float* bia
   const F neg_inf = V::set1(kNegInf);
   F x[kVectors];
   F mx = neg_inf;
-  typename V::Mask nan{};  // a NaN score the row sees makes its max, and so the row, NaN
 #pragma GCC unroll 8
   for (int q = 0; q < kVectors; ++q) {
     const typename V::Mask live = V::first_lanes(valid - W * q);
     F v = V::load(s + W * q) * vscale;
     if (bias) v = v + V::load_live(live, bias + W * q);
     x[q] = V::blend(live, v, neg_inf);
-    nan = V::mask_or(nan, V::nan_lanes(x[q]));
     mx = V::max(mx, x[q]);
   }
-  // std::max keeps a NaN *m (its first argument) when the comparison is false.
-  const float m_new =
-      V::any(nan) ? std::numeric_limits<float>::quiet_NaN() : std::max(*m, V::fold(Fold::max, mx));
+  // A NaN score needs no check on the way: exp(NaN - m) is NaN, and so is the row sum (std::max
+  // keeps a NaN *m, its first argument). Only where the max dropped every NaN and found nothing
+  // else (max_ps returns its second operand) would the row pass for one that sees no key.
+  float m_new = std::max(*m, V::fold(Fold::max, mx));
   if (m_new == kNegInf) {
-    for (int q = 0; q < kVectors; ++q) V::store(s + W * q, F{});
-    return;
+    typename V::Mask nan{};
+    for (int q = 0; q < kVectors; ++q) nan = V::mask_or(nan, V::nan_lanes(x[q]));
+    if (!V::any(nan)) {
+      for (int q = 0; q < kVectors; ++q) V::store(s + W * q, F{});
+      return;
+    }
+    m_new = std::numeric_limits<float>::quiet_NaN();
   }
   const F vsub = V::set1(m_new);
   F sum{};

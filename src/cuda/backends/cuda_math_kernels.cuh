@@ -76,9 +76,8 @@ __device__ __forceinline__ float masked_score(const RowParams& p, float s, std::
                                               std::int64_t h, std::int64_t i, std::int64_t j) {
   if (p.causal && j > i + p.causal_shift) return -INFINITY;
   if (p.has_bias) {
-    const float bias = static_cast<float>(
+    s += static_cast<float>(
         cuda::load(p.bias, b * p.bias.s[0] + h * p.bias.s[1] + i * p.bias.s[2] + j));
-    s += bias;
   }
   return s;
 }
