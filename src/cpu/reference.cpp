@@ -178,10 +178,11 @@ class ReferenceBackend final : public Backend {
     bool any = false;
     for (std::int64_t j = 0; j < pb.Lk; ++j) {
       if (pb.causal != CausalMode::none && j > i + pb.causal_shift()) continue;
-      // The bias is added, as PyTorch's math path adds it: -inf masks a finite score, and a NaN
-      // or +inf score there gives NaN (docs/api.md).
+      // A -inf bias removes the key whatever its score holds (docs/api.md): a NaN or Inf there
+      // does not reach the row.
       const double bias =
           args.bias ? load_as_double(*args.bias, bias_offset(*args.bias, b, h, i, j)) : 0.0;
+      if (bias == kNegInf) continue;
       double dot = 0.0;
       for (std::int64_t e = 0; e < pb.D; ++e) {
         dot += load_as_double(q, q.offset(b, h, i, e)) * load_as_double(k, k.offset(b, kvh, j, e));

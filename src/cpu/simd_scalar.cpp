@@ -27,14 +27,14 @@ void gemm_scalar(int m, int n, int k, const float* a, int lda, const float* b, i
   }
 }
 
-// s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n;
-// returns the maximum of the scores that are not NaN. (The scalar steps the fused row kernels are
-// made of.)
+// s[c] = s[c]·scale + bias[c] for c < valid (bias may be null), -inf for valid <= c < n and
+// where the bias is -inf (whatever the score holds); returns the maximum of the scores that are
+// not NaN. (The scalar steps the fused row kernels are made of.)
 float scale_bias_max_scalar(float* s, int n, float scale, const float* bias, int valid) {
   valid = std::clamp(valid, 0, n);
   float mx = kNegInf;
   for (int c = 0; c < valid; ++c) {
-    s[c] = s[c] * scale + (bias ? bias[c] : 0.0f);
+    s[c] = bias && bias[c] == kNegInf ? kNegInf : s[c] * scale + (bias ? bias[c] : 0.0f);
     mx = std::max(mx, s[c]);
   }
   for (int c = valid; c < n; ++c) s[c] = kNegInf;

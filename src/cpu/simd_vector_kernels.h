@@ -180,12 +180,26 @@ struct Simd {
       return _mm256_and_ps(a, m);
     }
   }
-  // The lanes where x is NaN.
+  // The lanes where x is NaN, and where x is not -inf (NaN included).
   MEMEFF_SIMD_TARGET static Mask nan_lanes(F x) {
     if constexpr (k512) {
       return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     } else {
       return _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    }
+  }
+  MEMEFF_SIMD_TARGET static Mask not_minus_inf(F x) {
+    if constexpr (k512) {
+      return _mm512_cmp_ps_mask(x, set1(kNegInf), _CMP_NEQ_UQ);
+    } else {
+      return _mm256_cmp_ps(x, set1(kNegInf), _CMP_NEQ_UQ);
+    }
+  }
+  MEMEFF_SIMD_TARGET static Mask mask_and(Mask a, Mask b) {
+    if constexpr (k512) {
+      return static_cast<Mask>(a & b);
+    } else {
+      return _mm256_and_ps(a, b);
     }
   }
   MEMEFF_SIMD_TARGET static Mask mask_or(Mask a, Mask b) {
@@ -455,9 +469,13 @@ MEMEFF_SIMD_TARGET void online_softmax64(float* s, float scale, const float* bia
   F mx = neg_inf;
 #pragma GCC unroll 8
   for (int q = 0; q < kVectors; ++q) {
-    const typename V::Mask live = V::first_lanes(valid - W * q);
+    typename V::Mask live = V::first_lanes(valid - W * q);
     F v = V::load(s + W * q) * vscale;
-    if (bias) v = v + V::load_live(live, bias + W * q);
+    if (bias) {
+      const F bv = V::load_live(live, bias + W * q);
+      live = V::mask_and(live, V::not_minus_inf(bv));  // a -inf bias removes the key
+      v = v + bv;
+    }
     x[q] = V::blend(live, v, neg_inf);
     mx = V::max(mx, x[q]);
   }
@@ -501,9 +519,13 @@ MEMEFF_SIMD_TARGET void softmax_grad64(float* s, const float* dp, float* ds, flo
   const F vd = V::set1(d);
   const F vkeep = V::set1(dropout ? keep_scale : 1.0f);
   for (int c = 0; c < kCpuKeyTile; c += V::kLanes) {
-    const typename V::Mask live = V::first_lanes(valid - c);
+    typename V::Mask live = V::first_lanes(valid - c);
     F x = V::load(s + c) * vscale;
-    if (bias) x = x + V::load_live(live, bias + c);
+    if (bias) {
+      const F bv = V::load_live(live, bias + c);
+      live = V::mask_and(live, V::not_minus_inf(bv));  // a -inf bias removes the key
+      x = x + bv;
+    }
     const F pv = V::exp(V::blend(live, x, neg_inf) - vlse);
     const F z = dropout ? V::zero_unless(V::bit_lanes(keep >> c), vkeep) : vkeep;
     V::store(ds + c, pv * (z * V::load(dp + c) - vd));

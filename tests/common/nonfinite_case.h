@@ -1,8 +1,8 @@
 // NaN and Inf in the data: the semantics of docs/api.md ("Non-finite inputs") as a test oracle.
 // A case is a test::KernelCase whose inputs get NaN or ±Inf planted at chosen elements; the
 // oracle computes, in double, out, lse and the gradients twice:
-//   - tight: every sum runs over the keys a row sees (not removed by the causal mask, and with a
-//     score above -inf after the bias is added), kept or dropped; products with a non-finite value are not skipped (0·NaN = NaN),
+//   - tight: every sum runs over the keys a row sees (not removed by the causal mask or a -inf
+//     bias), kept or dropped; products with a non-finite value are not skipped (0·NaN = NaN),
 //     except that dV takes 0 where dropout drops a key of a NaN row. What is non-finite here
 //     must be non-finite on every backend (nothing hidden).
 //   - loose: the sums run over every key, masked ones too, with probability 0 there (NaN where
@@ -45,6 +45,7 @@ struct NonFiniteCase {
   KernelCase kc;
   std::vector<Plant> plants;
   bool minus_inf_key_padding = false;  // bias column Lk - 3 is -inf for every row (needs a bias)
+  std::int64_t minus_inf_bias_row = -1;  // >= 0: this row's bias is -inf at every key ("bhqk")
   bool reaches_nothing = false;        // the plants must reach no output
 };
 
@@ -62,6 +63,15 @@ struct NonFiniteInputs {
         for (std::int64_t h = 0; h < s[1]; ++h)
           for (std::int64_t i = 0; i < s[2]; ++i)
             bias.set(((b * s[1] + h) * s[2] + i) * s[3] + (s[3] - 3),
+                     -std::numeric_limits<double>::infinity());
+    }
+    if (c.minus_inf_bias_row >= 0) {
+      HostTensor& bias = *in.bias;
+      const auto& s = bias.view.shape;
+      for (std::int64_t b = 0; b < s[0]; ++b)
+        for (std::int64_t h = 0; h < s[1]; ++h)
+          for (std::int64_t j = 0; j < s[3]; ++j)
+            bias.set(((b * s[1] + h) * s[2] + c.minus_inf_bias_row) * s[3] + j,
                      -std::numeric_limits<double>::infinity());
     }
     for (const Plant& p : c.plants) {
@@ -139,9 +149,9 @@ inline OracleResult nonfinite_oracle(const KernelCase& c, const KernelInputs& in
         double m = -kInf;
         for (std::int64_t j = 0; j < Lk; ++j) {
           visible[j] = c.causal == CausalMode::none || j <= i + shift;
-          // The bias is added (a -inf entry masks a finite score; with a NaN or +inf score it
-          // gives NaN, as in PyTorch's math path).
+          // A -inf bias removes the key whatever the score holds.
           const double bias = in.bias ? biasd[bias_index(b, h, i, j)] : 0.0;
+          if (bias == -kInf) visible[j] = false;
           if (!visible[j]) continue;
           double dot = 0.0;
           const double* qr = qp + ((b * Hq + h) * Lq + i) * D;
@@ -370,11 +380,17 @@ inline std::vector<NonFiniteCase> nonfinite_cases(DType dtype) {
   cases.push_back({"nan_in_dout", base(top_left, 0.1, "none"), {{"dout", 1, 0, 90, 4, nan}}});
   cases.push_back({"nan_and_inf_in_bias", base(none, 0.0, "bhqk"),
                    {{"bias", 0, 1, 10, 150, nan}, {"bias", 1, 0, 140, 3, inf}}});
-  // A -inf bias is added to the score, as in PyTorch's math path: a NaN or Inf in the key it masks
-  // still makes the rows NaN (the causal mask, a selection, keeps such a key out: next case).
+  // A key masked for every row by a -inf bias column never reaches anything, whatever it holds.
   NonFiniteCase padded{"key_masked_by_bias_holds_nan", base(none, 0.1, "b11k"),
                        {{"k", 0, 0, 197, 1, nan}, {"k", 1, 1, 197, 2, inf}}, true};
+  padded.reaches_nothing = true;
   cases.push_back(padded);
+  // A row a -inf bias masks at every key sees none, with a NaN in its q or behind the mask; a NaN
+  // key the other rows see makes them NaN.
+  NonFiniteCase bias_row{"row_masked_by_bias_nan_query", base(none, 0.0, "bhqk"),
+                         {{"q", 0, 0, 37, 5, nan}, {"k", 1, 1, 60, 2, nan}}};
+  bias_row.minus_inf_bias_row = 37;
+  cases.push_back(bias_row);
   // Keys no row sees under a top-left causal mask (Lk > Lq: keys 150..199) never reach out, lse,
   // dq or another key's gradients, whatever they hold.
   NonFiniteCase unseen{"keys_no_row_sees_hold_nan", base(top_left, 0.0, "none"),

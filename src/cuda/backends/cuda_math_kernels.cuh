@@ -70,14 +70,14 @@ __device__ __forceinline__ DropoutKey row_key(const RowParams& p) {
   return dropout_key(seed, offset);
 }
 
-// s + bias, or -inf where the causal mask hides key j (whatever s holds). A -inf bias is added,
-// as PyTorch's math path adds it: a NaN or +inf score there gives NaN (docs/api.md).
+// s + bias, or -inf where the causal mask or a -inf bias hides key j (whatever s holds).
 __device__ __forceinline__ float masked_score(const RowParams& p, float s, std::int64_t b,
                                               std::int64_t h, std::int64_t i, std::int64_t j) {
   if (p.causal && j > i + p.causal_shift) return -INFINITY;
   if (p.has_bias) {
-    s += static_cast<float>(
+    const float bias = static_cast<float>(
         cuda::load(p.bias, b * p.bias.s[0] + h * p.bias.s[1] + i * p.bias.s[2] + j));
+    s = bias == -INFINITY ? bias : s + bias;
   }
   return s;
 }

@@ -58,9 +58,11 @@ struct BwdLaunchExtra {
   bool seq_per_cta = false;
 };
 
-template <class T, class Tr, bool kPacked>
+// kBias: p.bias is set (a template argument, as in the forward); packed calls have none.
+template <class T, class Tr, bool kPacked, bool kBias>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_backward_kernel(const BackwardParams p, const BwdLaunchExtra extra) {
+  static_assert(!(kPacked && kBias), "packed calls take no bias");
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN, kBlockM = Tr::kBlockM,
                 kRowPad = Tr::kRowPad;
   constexpr int kNT = kBlockM / 8;   // n8 tiles of queries in Sᵀ
@@ -281,10 +283,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBlockM * 4);
     const int kb64 = key_row0 / 64;
     const int byte_lo = 2 * ((key_row0 % 64) / 8) + (g & 1);  // byte of key j_lo; j_hi: +2
-    // Packed calls have no bias (the validators refuse one).
-    const bool has_bias = !kPacked && p.bias != nullptr;
+    constexpr bool has_bias = kBias;
+    const float score_limit = has_bias ? bias_score_limit(p.scale_log2) : 0.0f;
     std::int64_t bias_tile = 0;  // element offset of (m0, j_lo) in the bias
-    if (has_bias)
+    if constexpr (has_bias)
       bias_tile = b * p.bias_stride.b + h * p.bias_stride.h + m0 * p.bias_stride.l + j_lo;
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
@@ -312,14 +314,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                                       : to_float(static_cast<const T*>(p.bias)[off])) *
                       kLog2e;
           }
-          float pv = fast_exp2(fmaf(s[n][r], p.scale_log2, bias_l2 - l2));
+          // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+          const float sv = has_bias ? bias_safe_score(s[n][r], score_limit) : s[n][r];
+          float pv = fast_exp2(fmaf(sv, p.scale_log2, bias_l2 - l2));
           if (need_mask && (kr >= keys_left || kr - qi > causal_lim)) pv = 0.f;
           float z = 1.f;
           if (p.has_dropout) z = ((kbits >> (byte_lo + 2 * hh)) & 1u) ? keep_scale : 0.f;
           s[n][r] = pv * z;
-          // A NaN or Inf stays: it is the data's, not rounding's (docs/api.md).
+          // Times 0, not 0: a NaN or Inf stays, it is the data's, not rounding's (docs/api.md).
           const float ds = pv * (z * dp[n][r] - dl);
-          dp[n][r] = zero_ds && isfinite(ds) ? 0.f : ds;
+          dp[n][r] = zero_ds ? ds * 0.f : ds;
         }
       }
     }

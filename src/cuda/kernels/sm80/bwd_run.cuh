@@ -25,10 +25,10 @@ namespace memeff::cuda::sm80 {
 // one launch per key block: each dq_accum element then receives one atomic per launch, in
 // key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also needs one
 // CTA per launch.
-template <class T, class Tr>
+template <class T, class Tr, bool kBias>
 void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_in,
                            bool dbias_cross_cta, cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, false>;
+  auto kernel = attention_backward_kernel<T, Tr, false, kBias>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 backward kernel");
   BwdLaunchExtra extra = extra_in;
@@ -63,7 +63,7 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
 template <class T, class Tr>
 void launch_backward_packed(const BackwardParams& p, const BwdLaunchExtra& extra_in,
                             cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, true>;
+  auto kernel = attention_backward_kernel<T, Tr, true, false>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 packed backward kernel");
   BwdLaunchExtra extra = extra_in;
@@ -120,8 +120,12 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   if (p.cu_seqlens_k != nullptr) {
     launch_backward_packed<T, Tr>(p, extra, stream);
   } else {
-    launch_backward_dense<T, Tr>(
-        p, extra, ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p), stream);
+    const bool cross_cta = ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p);
+    if (p.bias != nullptr) {
+      launch_backward_dense<T, Tr, true>(p, extra, cross_cta, stream);
+    } else {
+      launch_backward_dense<T, Tr, false>(p, extra, cross_cta, stream);
+    }
   }
 
   // 4. dq (and a reduced dbias) in the output dtype.

@@ -74,9 +74,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans_addr(std::uint32_t (&r)[4], st
                : "r"(addr));
 }
 
-template <class T, class Tr, bool kDropout, bool kPacked>
+// kBias: p.bias is set (a template argument, so the kernels without a bias carry none of its
+// registers or its rare NaN fix-up); packed calls have none.
+template <class T, class Tr, bool kDropout, bool kPacked, bool kBias>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_forward_kernel(const ForwardParams p) {
+  static_assert(!(kPacked && kBias), "packed calls take no bias");
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles, kDT = Tr::kDTiles, kHD = Tr::kHeadDim;
   constexpr float kNegInf = -INFINITY;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   // Scores are kept as x = q·k (fast path) or x = scale·q·k + bias (premul) and exponentiated as
   // exp2(x·f - m·f): f folds the scale and log2(e). premul also covers scale <= 0, where the
   // maximum of q·k is not the maximum of the scores.
-  const bool has_bias = !kPacked && p.bias != nullptr;  // packed calls have none
+  constexpr bool has_bias = kBias;
   const bool premul = has_bias || !(p.scale > 0.0f);
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
@@ -244,7 +247,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // Bias, then the mask (past Lk, causal) on the tiles that need it.
-    if (has_bias) {
+    if constexpr (has_bias) {
       const std::int64_t bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -275,6 +278,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     for (int mt = 0; mt < kMT; ++mt) {
       float alpha[2], sum[2];
       online_softmax_step(s[mt], row_m[mt], f, alpha, sum);
+      if constexpr (has_bias) {
+        clear_bias_masked_nan<T>(s[mt], sum, p.bias, p.bias_is_fp32,
+                                 b * p.bias_stride.b + h * p.bias_stride.h, p.bias_stride.l,
+                                 m0 + warp_row0 + mt * 16 + g, n0, t, Lq, Lk);
+      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         row_l[mt][hh] = row_l[mt][hh] * alpha[hh] + sum[hh];

@@ -17,9 +17,9 @@
 
 namespace memeff::cuda::sm80 {
 
-template <class T, class Tr, bool kDropout, bool kPacked>
+template <class T, class Tr, bool kDropout, bool kPacked, bool kBias>
 void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, Tr, kDropout, kPacked>;
+  auto kernel = attention_forward_kernel<T, Tr, kDropout, kPacked, kBias>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 forward kernel");
   dim3 grid;
@@ -39,10 +39,12 @@ void launch_forward_kernel(const ForwardParams& params, cudaStream_t stream) {
 
 template <class T, class Tr, bool kDropout>
 void launch_forward_layout(const ForwardParams& params, cudaStream_t stream) {
-  if (params.cu_seqlens_q != nullptr) {
-    launch_forward_kernel<T, Tr, kDropout, true>(params, stream);
+  if (params.cu_seqlens_q != nullptr) {  // packed calls take no bias (validation)
+    launch_forward_kernel<T, Tr, kDropout, true, false>(params, stream);
+  } else if (params.bias != nullptr) {
+    launch_forward_kernel<T, Tr, kDropout, false, true>(params, stream);
   } else {
-    launch_forward_kernel<T, Tr, kDropout, false>(params, stream);
+    launch_forward_kernel<T, Tr, kDropout, false, false>(params, stream);
   }
 }
 

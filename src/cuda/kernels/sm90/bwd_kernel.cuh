@@ -307,6 +307,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const DbiasMode dbias_mode = kBias ? tp.dbias_mode : DbiasMode::none;
   const std::int64_t bias_b = kBias ? b * p.bias_stride.b : 0;
+  const float score_limit = kBias ? bias_score_limit(p.scale) : 0.0f;
   unsigned char* const dq_stage = smem + Tr::kOffDq + wg * Tr::kDqBytes;
 
   // Dropout keep-bits of an item: keep[kb] nibble n' bit 2e + h is the element of row half h
@@ -425,7 +426,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               (i < p.Lq && j < p.Lk)
                   ? load_bias<T>(p.bias, p.bias_is_fp32, bias_row0 + i * p.bias_stride.l + j)
                   : 0.0f;
-          x = fmaf(fmaf(sacc[n][r], p.scale, bv), kLog2e, -lse2);
+          // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+          x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bv), kLog2e, -lse2);
         } else {
           x = fmaf(sacc[n][r], p.scale_log2, -lse2);
         }
