@@ -1,0 +1,153 @@
+"""The memory-efficient slot of PyTorch's SDPA run by memeff (memeff.torch.activate(slots=
+("flash", "efficient"))): ``aten::_scaled_dot_product_efficient_attention`` and its backward
+(attn_bias and its gradient, dropout, fp32) and ``aten::_fill_mem_eff_dropout_mask_``, which then
+returns memeff's mask for a forward's (philox_seed, philox_offset).
+
+The forward returns PyTorch's shapes and layouts: out [B, H, Lq, Dv] over [B, Lq, H, Dv]
+storage, logsumexp [B, H, Lq rounded up to 32] (fp32; [B, H, 0] without compute_log_sumexp),
+and the seed and offset as int64 scalars (on the CPU, or on the device under CUDA-graph
+capture), which are memeff's (seed, offset)."""
+
+from typing import Optional
+
+import torch
+
+from .aten_sdpa import (_backends, _common_support_error, _dense_last_dim, _fallback, _note, _ops,
+                        _remember_state)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _bias_for_memeff(attn_bias: Optional[torch.Tensor], q: torch.Tensor,
+                     with_grad: bool) -> Optional[torch.Tensor]:
+    """attn_bias ([B, H, Lq, Lk], often expanded from fewer elements) as memeff reads it: a
+    broadcast (stride-0) dimension is read once, unless its gradient is wanted per element (the
+    gradient of the expanded tensor PyTorch asks for)."""
+    if attn_bias is None:
+        return None
+    bias = attn_bias
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    if with_grad:
+        if any(s == 0 and n > 1 for s, n in zip(bias.stride(), bias.shape)):
+            bias = bias.contiguous()
+    else:
+        for d in range(3):
+            if bias.stride(d) == 0 and bias.shape[d] > 1:
+                bias = bias.narrow(d, 0, 1)
+    if bias.dtype != q.dtype and bias.dtype != torch.float32:
+        bias = bias.to(q.dtype)
+    return _dense_last_dim(bias)
+
+
+def _split_state(drawn: torch.Tensor, dropout_p: float, device: torch.device):
+    """(philox_seed, philox_offset) as PyTorch's kernel returns them, holding memeff's state."""
+    if dropout_p <= 0.0:
+        _remember_state(None, device)
+        return (torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64))
+    _remember_state(drawn, device)
+    return drawn[0], drawn[1]
+
+
+def _joined_state(philox_seed: torch.Tensor, philox_offset: torch.Tensor,
+                  dropout_p: float) -> Optional[torch.Tensor]:
+    """memeff's int64[2] rng_state from the forward's seed and offset tensors."""
+    if dropout_p <= 0.0:
+        return None
+    seed, offset = philox_seed.reshape(()), philox_offset.reshape(())
+    if (seed.device == offset.device and seed.storage_offset() + 1 == offset.storage_offset()
+            and seed.untyped_storage().data_ptr() == offset.untyped_storage().data_ptr()):
+        return torch.as_strided(seed, (2,), (1,))  # still the forward's int64[2] (no copy)
+    return torch.stack([seed.to(offset.device), offset]).to(torch.int64)
+
+
+def efficient_forward(keyset, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                      is_causal=False, *, scale=None):
+    op = "_scaled_dot_product_efficient_attention"
+    tensors = [t for t in (query, key, value, attn_bias) if t is not None]
+    reason = _common_support_error(*tensors) or ("" if query.dim() == 4 else
+                                                 f"a query of {query.dim()} dimensions")
+    if reason:
+        return _fallback(op, reason, keyset, query, key, value, attn_bias, compute_log_sumexp,
+                         dropout_p, is_causal, scale=scale)
+    p = float(dropout_p)
+    q, k, v = (_dense_last_dim(t) for t in (query, key, value))
+    out, lse, drawn = _ops.fwd(q, k, v, _bias_for_memeff(attn_bias, q, False), None, p,
+                               "top_left" if is_causal else "none", scale, _backends())
+    B, H, Lq, Dv = out.shape
+    result = torch.empty((B, Lq, H, Dv), dtype=out.dtype, device=out.device).transpose(1, 2)
+    if result.stride() != out.stride():
+        result.copy_(out)
+        out = result
+    rows = _round_up(Lq, 32) if compute_log_sumexp else 0
+    logsumexp = torch.empty((B, H, rows), dtype=torch.float32, device=query.device)
+    if rows:
+        logsumexp[:, :, :Lq] = lse  # the padding is never read
+    seed, offset = _split_state(drawn, p, query.device)
+    _note(op, "")
+    return out, logsumexp, seed, offset
+
+
+def efficient_backward(keyset, grad_out, query, key, value, attn_bias, out, logsumexp,
+                       philox_seed, philox_offset, dropout_p, grad_input_mask, is_causal=False,
+                       *, scale=None):
+    op = "_scaled_dot_product_efficient_attention_backward"
+    tensors = [t for t in (grad_out, query, key, value, attn_bias, out) if t is not None]
+    reason = _common_support_error(*tensors)
+    if reason:
+        return _fallback(op, reason, keyset, grad_out, query, key, value, attn_bias, out,
+                         logsumexp, philox_seed, philox_offset, dropout_p, grad_input_mask,
+                         is_causal, scale=scale)
+    p = float(dropout_p)
+    bias_grad = attn_bias is not None and bool(grad_input_mask[3])
+    dout, q, k, v, o = (_dense_last_dim(t) for t in (grad_out, query, key, value, out))
+    bias = _bias_for_memeff(attn_bias, q, bias_grad)
+    lse = logsumexp[:, :, :q.shape[2]].contiguous()
+    dq, dk, dv, dbias = _ops.bwd(dout, q, k, v, bias, o, lse,
+                                 _joined_state(philox_seed, philox_offset, p), p,
+                                 "top_left" if is_causal else "none", scale, bias_grad,
+                                 _backends())
+
+    def bhld_over_blhd(t):
+        B, H, L, D = t.shape
+        result = torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+        if result.stride() == t.stride():
+            return t
+        result.copy_(t)
+        return result
+
+    grad_bias = None
+    if bias_grad:
+        shape = list(attn_bias.shape)
+        padded = torch.empty(shape[:-1] + [_round_up(shape[-1], 16)], dtype=attn_bias.dtype,
+                             device=attn_bias.device)
+        grad_bias = padded[..., :shape[-1]]
+        grad_bias.copy_(dbias.reshape(shape) if dbias.dim() != len(shape) else dbias)
+    _note(op, "")
+    return bhld_over_blhd(dq), bhld_over_blhd(dk), bhld_over_blhd(dv), grad_bias
+
+
+def fill_dropout_mask(keyset, mask, dropout_p, seed, offset):
+    """aten::_fill_mem_eff_dropout_mask_(mask [B, H, Lq, Lk], p, seed, offset): memeff's keep
+    mask of a call with that (seed, offset) as 1.0 (kept) and 0.0 (dropped), so that
+    ``mask > p`` — how PyTorch's tests read the uniform numbers its own kernel writes — is the
+    keep mask."""
+    op = "_fill_mem_eff_dropout_mask_"
+    if mask.dim() != 4:
+        return _fallback(op, f"a mask of {mask.dim()} dimensions", keyset, mask, dropout_p, seed,
+                         offset)
+    from . import dropout_mask
+    state = torch.tensor([int(seed), int(offset)], dtype=torch.int64)
+    keep = dropout_mask(tuple(mask.shape), float(dropout_p), state)
+    mask.copy_(keep.to(mask.device))
+    _note(op, "")
+    return mask
+
+
+KERNELS = {
+    "_scaled_dot_product_efficient_attention": efficient_forward,
+    "_scaled_dot_product_efficient_attention_backward": efficient_backward,
+    "_fill_mem_eff_dropout_mask_": fill_dropout_mask,
+}
