@@ -303,35 +303,56 @@ def test_unsupported_flash_call_names_why(cpu_kernels):
                                       window_size_left=2, window_size_right=0)
 
 
+def test_unsupported_call_runs_the_kept_kernel():
+    """The kernel memeff replaced (here a stand-in registered for the CPU key first) runs what
+    memeff cannot, with the caller's arguments, and explain_sdpa says why."""
+    if not hasattr(torch.library, "get_kernel"):
+        pytest.skip("this torch has no torch.library.get_kernel")
+    seen = []
+
+    def stand_in(query, key, value, *args, **kwargs):
+        seen.append((args, kwargs.get("window_size_left")))
+        B, L, H, _ = query.shape
+        return (query * 2, torch.zeros(B, H, L), torch.zeros(2, dtype=torch.uint64),
+                torch.zeros((), dtype=torch.uint64), torch.empty(0))
+
+    q = torch.randn(1, 8, 2, 16)
+    with torch.library._scoped_library("aten", "IMPL") as lib:
+        lib.impl("_flash_attention_forward", stand_in, "CPU")
+        handle = aten_sdpa.register_kernels(("flash",), "CPU")
+        try:
+            with mt.explain_sdpa() as calls:
+                out = aten._flash_attention_forward(q, q, q, None, None, 8, 8, 0.0, True, False,
+                                                    window_size_left=2, window_size_right=0)[0]
+                aten._flash_attention_forward(q, q, q, None, None, 8, 8, 0.0, True, False)
+        finally:
+            handle.remove()
+    assert torch.equal(out, q * 2)
+    assert seen == [((None, None, 8, 8, 0.0, True, False), 2)]
+    assert [(c.ran, c.reason) for c in calls] == [
+        ("pytorch", "a sliding window (window_size_left=2)"), ("memeff", "")]
+
+
 def test_flash_slot_under_torch_compile_on_cpu(cpu_kernels):
     """A fullgraph compile (AOTAutograd, so the backward is PyTorch's formula as traced) calls
     the same kernels: with the same torch.manual_seed, the same mask and the same results."""
     gen = seeded_generator("compile-cpu")
     q, k, v = leaves(gen, "cpu", torch.float32, (2, 4, 24, 32), (2, 2, 24, 32), (2, 2, 24, 32))
 
-    def step(q, k, v):
-        out = aten._scaled_dot_product_flash_attention(q, k, v, 0.3, True)[0]
-        return out, torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=False)
+    def attention(q, k, v):
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.3, True)[0]
 
     def run(fn):
         torch.manual_seed(7)
         with mt.explain_sdpa() as calls:
             out = fn(q, k, v)
-        return out, calls
+            grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        assert [c.op for c in calls] == ["_scaled_dot_product_flash_attention",
+                                         "_scaled_dot_product_flash_attention_backward"], calls
+        return (out,) + grads
 
-    def compiled_loss(q, k, v):
-        return aten._scaled_dot_product_flash_attention(q, k, v, 0.3, True)[0]
-
-    compiled = torch.compile(compiled_loss, fullgraph=True, backend="aot_eager")
-    torch.manual_seed(7)
-    with mt.explain_sdpa() as calls:
-        out_c = compiled(q, k, v)
-        grads_c = torch.autograd.grad(out_c.square().sum(), (q, k, v))
-    assert [c.op for c in calls] == ["_scaled_dot_product_flash_attention",
-                                     "_scaled_dot_product_flash_attention_backward"], calls
-    (out_e, grads_e), _ = run(step)
-    torch.testing.assert_close(out_c, out_e, rtol=0, atol=0)
-    for a, b in zip(grads_c, grads_e):
+    compiled = run(torch.compile(attention, fullgraph=True, backend="aot_eager"))
+    for a, b in zip(compiled, run(attention)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -480,26 +501,44 @@ def test_cuda_graph_replays_draw_fresh_masks_on_gpu(active):
 
 @needs_cuda
 def test_reduce_overhead_replays_draw_fresh_masks_on_gpu(active):
-    B, H, L, D, p, dtype = 1, 4, 128, 64, 0.2, torch.float16
+    """torch.compile(mode="reduce-overhead") of a training step: with v the identity, out is the
+    dropped-out attention matrix itself (0 where dropped, P·keep_scale where kept), so each
+    replay shows its mask; each replay's mask is new, and its backward used the same one
+    (dv = outᵀ·dout)."""
+    from torch._dynamo.utils import counters
+    B, H, L, p, dtype = 1, 2, 64, 0.2, torch.float16
     gen = seeded_generator("reduce-overhead")
-    q, k, v = (torch.randn(B, H, L, D, generator=gen).to("cuda", dtype) for _ in range(3))
+    q, k = ((0.5 * torch.randn(B, H, L, L, generator=gen)).to("cuda", dtype).requires_grad_()
+            for _ in range(2))
+    v = torch.eye(L).expand(B, H, L, L).to("cuda", dtype).contiguous().requires_grad_()
+    dout = torch.randn(B, H, L, L, generator=gen).to("cuda", dtype)
 
     @torch.compile(mode="reduce-overhead", fullgraph=True)
     def attention(q, k, v):
-        results = aten._scaled_dot_product_flash_attention(q, k, v, p, False)
-        return results[0], results[6]
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
 
     torch._dynamo.reset()
-    states = []
-    for call in range(4):  # warm-up, capture, then replays
-        out, state = attention(q, k, v)
-        out, state = out.clone(), state.view(torch.int64).clone()
-        keep = mt.dropout_mask((B, H, L, L), p, state)
-        expected = math_reference("none", keep, p)(*(t.double() for t in (q, k, v)))
-        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2,
-                                   msg=lambda m: f"call {call}: {m}")
-        states.append(state.cpu())
-    assert len({tuple(s.tolist()) for s in states}) == len(states), states
+    counters.clear()
+    probs = torch.softmax((q.detach().double() @ k.detach().double().transpose(-1, -2)) / L ** 0.5,
+                          dim=-1)
+    keep_scale = mt.dropout_threshold(p).keep_scale
+    masks = []
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for call in range(5):  # warm-up, capture, then replays
+            out = attention(q, k, v)
+            dv = torch.autograd.grad(out, v, dout)[0]
+            out, dv = out.detach().clone(), dv.clone()
+            keep = out != 0
+            torch.testing.assert_close(out.double(), torch.where(keep, probs * keep_scale, 0.0),
+                                       atol=2e-3, rtol=2e-2, msg=lambda m: f"call {call}: {m}")
+            torch.testing.assert_close(dv.double(), out.double().transpose(-1, -2) @
+                                       dout.double(), atol=3e-2, rtol=2e-2,
+                                       msg=lambda m: f"call {call} (dv): {m}")
+            masks.append(keep.cpu())
+    assert counters["inductor"]["cudagraph_skips"] == 0, "torch.compile skipped CUDA graphs"
+    for a in range(len(masks)):
+        for b in range(a + 1, len(masks)):
+            assert not torch.equal(masks[a], masks[b]), f"calls {a} and {b} reused a mask"
 
 
 @needs_cuda

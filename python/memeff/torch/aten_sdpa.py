@@ -229,99 +229,114 @@ def _backends() -> Tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels. Each takes the dispatch keyset first (for PyTorch's kernel, `_original[op]`).
+# The kernels. The dispatcher calls each with the dispatch keyset first (what PyTorch's kernel,
+# `_original[op]`, takes when a call falls back to it).
 
 _original: Dict[str, object] = {}
 
 
-def _fallback(op: str, reason: str, keyset, *args, **kwargs):
+class Unsupported(Exception):
+    """Raised by a kernel for a call memeff cannot run; PyTorch's kernel runs it instead, and
+    the message is the reason explain_sdpa() records."""
+
+
+def slot_kernel(op: str):
+    """Decorate fn(*args, **kwargs), memeff's version of aten::op, into the kernel the
+    dispatcher calls: PyTorch's kernel runs the call when fn raises Unsupported or memeff's op
+    finds no backend for it (NotImplementedError); every call is noted for explain_sdpa()."""
+    def wrap(fn):
+        def kernel(keyset, *args, **kwargs):
+            try:
+                result = fn(*args, **kwargs)
+            except Unsupported as why:
+                return _fallback(op, str(why), keyset, args, kwargs)
+            except NotImplementedError as why:
+                return _fallback(op, f"memeff: {why}", keyset, args, kwargs)
+            _note(op, "")
+            return result
+        kernel.__name__ = kernel.__qualname__ = fn.__name__
+        kernel.__doc__ = fn.__doc__
+        return kernel
+    return wrap
+
+
+def _fallback(op: str, reason: str, keyset, args, kwargs):
     kernel = _original.get(op)
     if kernel is None:
         raise NotImplementedError(
             f"memeff: aten::{op}: memeff cannot run this call ({reason}) and PyTorch's own "
-            f"kernel could not be kept for it (this torch has no torch.library.get_kernel)")
+            f"kernel is not at hand (none for this device, or no torch.library.get_kernel)")
     _note(op, reason)
     return kernel.call_boxed(keyset, *args, **kwargs)
 
 
-def _common_support_error(*tensors: torch.Tensor) -> str:
+def _require_supported(*tensors: Optional[torch.Tensor]) -> None:
+    """Raise Unsupported unless memeff reads these tensors (its dtypes, one device)."""
+    tensors = [t for t in tensors if t is not None]
     for t in tensors:
         if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return f"dtype {t.dtype}"
+            raise Unsupported(f"dtype {t.dtype}")
     if len({t.device for t in tensors}) != 1:
-        return "tensors on different devices"
-    return ""
+        raise Unsupported("tensors on different devices")
 
 
-def _sdpa_flash_forward(keyset, query, key, value, dropout_p=0.0, is_causal=False,
+def _supported_causal(is_causal, window_size_left=None, window_size_right=None,
+                      max_k=None) -> str:
+    causal, reason = flash_causal_mode(is_causal, window_size_left, window_size_right, max_k)
+    if causal is None:
+        raise Unsupported(reason)
+    return causal
+
+
+@slot_kernel("_scaled_dot_product_flash_attention")
+def _sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False,
                         return_debug_mask=False, *, scale=None):
-    op = "_scaled_dot_product_flash_attention"
-    reason = _common_support_error(query, key, value)
-    if reason:
-        return _fallback(op, reason, keyset, query, key, value, dropout_p, is_causal,
-                         return_debug_mask, scale=scale)
-    causal, _ = flash_causal_mode(is_causal)
-    p = float(dropout_p)
-    q, k, v = (_dense_last_dim(t) for t in (query, key, value))
-    out, lse, drawn = _ops.fwd(q, k, v, None, None, p, causal, scale, _backends())
-    rng_state = _state_for_torch(drawn, p, query.device)
-    if return_debug_mask:
-        debug = _flash_debug_mask(q, k, lse, rng_state, p, causal, scale)
-    else:
-        debug = torch.empty((0,), dtype=query.dtype, device=query.device)
-    _note(op, "")
-    unused = torch.empty((), dtype=torch.uint64, device=query.device)
-    return (in_torch_layout(out, query), lse, None, None, query.shape[2], key.shape[2],
-            rng_state, unused, debug)
+    _require_supported(query, key, value)
+    out, lse, rng_state, unused, debug = _flash_forward_memeff(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, None,
+        None, dropout_p, _supported_causal(is_causal), return_debug_mask, scale)
+    return (out.transpose(1, 2), lse, None, None, query.shape[2], key.shape[2], rng_state,
+            unused, debug)
 
 
-def _sdpa_flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q,
-                         cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
-                         philox_offset, *, scale=None):
-    op = "_scaled_dot_product_flash_attention_backward"
-    reason = _common_support_error(grad_out, query, key, value, out)
-    if reason:
-        return _fallback(op, reason, keyset, grad_out, query, key, value, out, logsumexp,
-                         cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
-                         philox_offset, scale=scale)
-    causal, _ = flash_causal_mode(is_causal)
-    p = float(dropout_p)
-    dout, q, k, v, o = (_dense_last_dim(t) for t in (grad_out, query, key, value, out))
-    dq, dk, dv, _ = _ops.bwd(dout, q, k, v, None, o, logsumexp, _state_for_memeff(philox_seed, p),
-                             p, causal, scale, False, _backends())
-    _note(op, "")
-    return (in_torch_layout(dq, query), in_torch_layout(dk, key), in_torch_layout(dv, value))
+@slot_kernel("_scaled_dot_product_flash_attention_backward")
+def _sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                         max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
+                         scale=None):
+    _require_supported(grad_out, query, key, value, out)
+    dq, dk, dv = _flash_backward_memeff(
+        *(t.transpose(1, 2) for t in (grad_out, query, key, value, out)), logsumexp, None, None,
+        max_q, max_k, dropout_p, _supported_causal(is_causal), philox_seed, scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
-def _flash_forward_support_error(query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal,
-                                 window_size_left, window_size_right, seqused_k, alibi_slopes,
-                                 block_table) -> Tuple[Optional[str], str]:
-    """(memeff's causal mode, "") for a flash forward memeff can run, else (None, why not)."""
-    reason = _common_support_error(query, key, value)
-    if reason:
-        return None, reason
+def _flash_forward_checks(query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal,
+                          window_size_left, window_size_right, seqused_k, alibi_slopes,
+                          block_table) -> str:
+    """memeff's causal mode for a flash forward it can run; else raises Unsupported."""
+    _require_supported(query, key, value)
     if alibi_slopes is not None:
-        return None, "ALiBi slopes"
+        raise Unsupported("ALiBi slopes")
     if seqused_k is not None:
-        return None, "seqused_k"
+        raise Unsupported("seqused_k")
     if block_table is not None:
-        return None, "a paged KV cache (block_table)"
+        raise Unsupported("a paged KV cache (block_table)")
     if (cum_seq_q is None) != (cum_seq_k is None):
-        return None, "only one of cum_seq_q and cum_seq_k"
-    if cum_seq_q is None and query.dim() != 4:
-        return None, f"a dense query of {query.dim()} dimensions"
-    if cum_seq_q is not None and query.dim() != 3:
-        return None, f"a packed query of {query.dim()} dimensions"
-    return flash_causal_mode(is_causal, window_size_left, window_size_right,
+        raise Unsupported("only one of cum_seq_q and cum_seq_k")
+    if query.dim() != (4 if cum_seq_q is None else 3):
+        raise Unsupported(f"a {'dense' if cum_seq_q is None else 'packed'} query of "
+                          f"{query.dim()} dimensions")
+    return _supported_causal(is_causal, window_size_left, window_size_right,
                              key.shape[1] if cum_seq_k is None else max_k)
 
 
 def _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                           causal, return_debug_mask, scale):
-    """out, lse, rng_state, unused, debug_mask of a flash forward memeff can run."""
+    """out, lse, rng_state, unused, debug_mask of a flash forward on [B, L, H, D] (or packed
+    [total, H, D]) tensors, by memeff."""
     p = float(dropout_p)
     q, k, v = (_dense_last_dim(t) for t in (query, key, value))
-    if cum_seq_q is None:  # dense [B, L, H, D]
+    if cum_seq_q is None:
         out, lse, drawn = _ops.fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
                                    None, p, causal, scale, _backends())
         out = out.transpose(1, 2)
@@ -331,8 +346,8 @@ def _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     rng_state = _state_for_torch(drawn, p, query.device)
     if return_debug_mask:
         if cum_seq_q is not None:
-            raise NotImplementedError("memeff: aten::_flash_attention_forward: "
-                                      "return_debug_mask with packed sequences (cum_seq_q)")
+            raise RuntimeError("memeff: aten::_flash_attention_forward: a debug mask of packed "
+                               "sequences (cum_seq_q) is not implemented")
         debug = _flash_debug_mask(q.transpose(1, 2), k.transpose(1, 2), lse, rng_state, p,
                                   causal, scale)
     else:
@@ -341,61 +356,9 @@ def _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     return in_torch_layout(out, query), lse, rng_state, unused, debug
 
 
-def _flash_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                   is_causal, return_debug_mask, *, scale=None, window_size_left=None,
-                   window_size_right=None, seqused_k=None, alibi_slopes=None, **rest):
-    op = "_flash_attention_forward"
-    block_table = rest.get("block_table")
-    causal, reason = _flash_forward_support_error(
-        query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal, window_size_left,
-        window_size_right, seqused_k, alibi_slopes, block_table)
-    if causal is None:
-        return _fallback(op, reason, keyset, query, key, value, cum_seq_q, cum_seq_k, max_q,
-                         max_k, dropout_p, is_causal, return_debug_mask, scale=scale,
-                         window_size_left=window_size_left, window_size_right=window_size_right,
-                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, **rest)
-    result = _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
-                                   dropout_p, causal, return_debug_mask, scale)
-    _note(op, "")
-    return result
-
-
-def _flash_forward_no_dropout_inplace(keyset, out, query, key, value, cum_seq_q, cum_seq_k,
-                                      max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
-                                      scale=None, window_size_left=None, window_size_right=None,
-                                      seqused_k=None, alibi_slopes=None, **rest):
-    op = "_flash_attention_forward_no_dropout_inplace"
-    causal, reason = _flash_forward_support_error(
-        query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal, window_size_left,
-        window_size_right, seqused_k, alibi_slopes, rest.get("block_table"))
-    if causal is not None and (float(dropout_p) != 0.0 or return_debug_mask):
-        causal, reason = None, "dropout or a debug mask in the in-place form"
-    if causal is None:
-        return _fallback(op, reason, keyset, out, query, key, value, cum_seq_q, cum_seq_k, max_q,
-                         max_k, dropout_p, is_causal, return_debug_mask, scale=scale,
-                         window_size_left=window_size_left, window_size_right=window_size_right,
-                         seqused_k=seqused_k, alibi_slopes=alibi_slopes, **rest)
-    result, lse, _, _, _ = _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q,
-                                                 max_k, 0.0, causal, False, scale)
-    out.copy_(result)
-    _note(op, "")
-    return lse
-
-
-def _flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
-                    max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
-                    window_size_left=None, window_size_right=None):
-    op = "_flash_attention_backward"
-    reason = _common_support_error(grad_out, query, key, value, out)
-    causal = None
-    if not reason:
-        causal, reason = flash_causal_mode(is_causal, window_size_left, window_size_right,
-                                           key.shape[1] if cum_seq_k is None else max_k)
-    if causal is None:
-        return _fallback(op, reason, keyset, grad_out, query, key, value, out, logsumexp,
-                         cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state,
-                         unused, scale=scale, window_size_left=window_size_left,
-                         window_size_right=window_size_right)
+def _flash_backward_memeff(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                           max_q, max_k, dropout_p, causal, rng_state, scale):
+    """dq, dk, dv of a flash backward on [B, L, H, D] (or packed) tensors, by memeff."""
     p = float(dropout_p)
     state = _state_for_memeff(rng_state, p)
     dout, q, k, v, o = (_dense_last_dim(t) for t in (grad_out, query, key, value, out))
@@ -407,8 +370,45 @@ def _flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq
     else:
         dq, dk, dv = _ops.varlen_bwd(dout, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, o,
                                      logsumexp, state, p, causal, scale, _backends())
-    _note(op, "")
-    return (in_torch_layout(dq, query), in_torch_layout(dk, key), in_torch_layout(dv, value))
+    return in_torch_layout(dq, query), in_torch_layout(dk, key), in_torch_layout(dv, value)
+
+
+@slot_kernel("_flash_attention_forward")
+def _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                   return_debug_mask, *, scale=None, window_size_left=None,
+                   window_size_right=None, seqused_k=None, alibi_slopes=None, **rest):
+    causal = _flash_forward_checks(query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal,
+                                   window_size_left, window_size_right, seqused_k, alibi_slopes,
+                                   rest.get("block_table"))
+    return _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                                 dropout_p, causal, return_debug_mask, scale)
+
+
+@slot_kernel("_flash_attention_forward_no_dropout_inplace")
+def _flash_forward_no_dropout_inplace(out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                                      dropout_p, is_causal, return_debug_mask, *, scale=None,
+                                      window_size_left=None, window_size_right=None,
+                                      seqused_k=None, alibi_slopes=None, **rest):
+    causal = _flash_forward_checks(query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal,
+                                   window_size_left, window_size_right, seqused_k, alibi_slopes,
+                                   rest.get("block_table"))
+    if float(dropout_p) != 0.0 or return_debug_mask:
+        raise Unsupported("dropout or a debug mask in the in-place form")
+    result, lse, _, _, _ = _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q,
+                                                 max_k, 0.0, causal, False, scale)
+    out.copy_(result)
+    return lse
+
+
+@slot_kernel("_flash_attention_backward")
+def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+                    max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
+                    window_size_left=None, window_size_right=None):
+    _require_supported(grad_out, query, key, value, out)
+    causal = _supported_causal(is_causal, window_size_left, window_size_right,
+                               key.shape[1] if cum_seq_k is None else max_k)
+    return _flash_backward_memeff(grad_out, query, key, value, out, logsumexp, cum_seq_q,
+                                  cum_seq_k, max_q, max_k, dropout_p, causal, rng_state, scale)
 
 
 # The flash slot: aten op name -> kernel.

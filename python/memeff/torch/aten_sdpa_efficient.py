@@ -12,12 +12,24 @@ from typing import Optional
 
 import torch
 
-from .aten_sdpa import (_backends, _common_support_error, _dense_last_dim, _fallback, _note, _ops,
-                        _remember_state)
+from .aten_sdpa import (Unsupported, _backends, _dense_last_dim, _ops, _remember_state,
+                        _require_supported, _same_layout, slot_kernel)
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def _over_blhd(t: torch.Tensor) -> torch.Tensor:
+    """t [B, H, L, D] over [B, L, H, D] storage, the layout of the efficient slot's out and
+    gradients (a copy only where t is laid out otherwise)."""
+    B, H, L, D = t.shape
+    strides = (L * H * D, D, H * D, 1)
+    if _same_layout(t, strides):
+        return t
+    result = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+    result.copy_(t)
+    return result
 
 
 def _bias_for_memeff(attn_bias: Optional[torch.Tensor], q: torch.Tensor,
@@ -63,43 +75,29 @@ def _joined_state(philox_seed: torch.Tensor, philox_offset: torch.Tensor,
     return torch.stack([seed.to(offset.device), offset]).to(torch.int64)
 
 
-def efficient_forward(keyset, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+@slot_kernel("_scaled_dot_product_efficient_attention")
+def efficient_forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
                       is_causal=False, *, scale=None):
-    op = "_scaled_dot_product_efficient_attention"
-    tensors = [t for t in (query, key, value, attn_bias) if t is not None]
-    reason = _common_support_error(*tensors) or ("" if query.dim() == 4 else
-                                                 f"a query of {query.dim()} dimensions")
-    if reason:
-        return _fallback(op, reason, keyset, query, key, value, attn_bias, compute_log_sumexp,
-                         dropout_p, is_causal, scale=scale)
+    _require_supported(query, key, value, attn_bias)
+    if query.dim() != 4:
+        raise Unsupported(f"a query of {query.dim()} dimensions")
     p = float(dropout_p)
     q, k, v = (_dense_last_dim(t) for t in (query, key, value))
     out, lse, drawn = _ops.fwd(q, k, v, _bias_for_memeff(attn_bias, q, False), None, p,
                                "top_left" if is_causal else "none", scale, _backends())
-    B, H, Lq, Dv = out.shape
-    result = torch.empty((B, Lq, H, Dv), dtype=out.dtype, device=out.device).transpose(1, 2)
-    if result.stride() != out.stride():
-        result.copy_(out)
-        out = result
+    B, H, Lq, _ = out.shape
     rows = _round_up(Lq, 32) if compute_log_sumexp else 0
     logsumexp = torch.empty((B, H, rows), dtype=torch.float32, device=query.device)
     if rows:
         logsumexp[:, :, :Lq] = lse  # the padding is never read
     seed, offset = _split_state(drawn, p, query.device)
-    _note(op, "")
-    return out, logsumexp, seed, offset
+    return _over_blhd(out), logsumexp, seed, offset
 
 
-def efficient_backward(keyset, grad_out, query, key, value, attn_bias, out, logsumexp,
-                       philox_seed, philox_offset, dropout_p, grad_input_mask, is_causal=False,
-                       *, scale=None):
-    op = "_scaled_dot_product_efficient_attention_backward"
-    tensors = [t for t in (grad_out, query, key, value, attn_bias, out) if t is not None]
-    reason = _common_support_error(*tensors)
-    if reason:
-        return _fallback(op, reason, keyset, grad_out, query, key, value, attn_bias, out,
-                         logsumexp, philox_seed, philox_offset, dropout_p, grad_input_mask,
-                         is_causal, scale=scale)
+@slot_kernel("_scaled_dot_product_efficient_attention_backward")
+def efficient_backward(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
+                       philox_offset, dropout_p, grad_input_mask, is_causal=False, *, scale=None):
+    _require_supported(grad_out, query, key, value, attn_bias, out)
     p = float(dropout_p)
     bias_grad = attn_bias is not None and bool(grad_input_mask[3])
     dout, q, k, v, o = (_dense_last_dim(t) for t in (grad_out, query, key, value, out))
@@ -110,39 +108,28 @@ def efficient_backward(keyset, grad_out, query, key, value, attn_bias, out, logs
                                  "top_left" if is_causal else "none", scale, bias_grad,
                                  _backends())
 
-    def bhld_over_blhd(t):
-        B, H, L, D = t.shape
-        result = torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
-        if result.stride() == t.stride():
-            return t
-        result.copy_(t)
-        return result
-
     grad_bias = None
     if bias_grad:
         shape = list(attn_bias.shape)
         padded = torch.empty(shape[:-1] + [_round_up(shape[-1], 16)], dtype=attn_bias.dtype,
                              device=attn_bias.device)
         grad_bias = padded[..., :shape[-1]]
-        grad_bias.copy_(dbias.reshape(shape) if dbias.dim() != len(shape) else dbias)
-    _note(op, "")
-    return bhld_over_blhd(dq), bhld_over_blhd(dk), bhld_over_blhd(dv), grad_bias
+        grad_bias.copy_(dbias.reshape(shape))
+    return _over_blhd(dq), _over_blhd(dk), _over_blhd(dv), grad_bias
 
 
-def fill_dropout_mask(keyset, mask, dropout_p, seed, offset):
+@slot_kernel("_fill_mem_eff_dropout_mask_")
+def fill_dropout_mask(mask, dropout_p, seed, offset):
     """aten::_fill_mem_eff_dropout_mask_(mask [B, H, Lq, Lk], p, seed, offset): memeff's keep
     mask of a call with that (seed, offset) as 1.0 (kept) and 0.0 (dropped), so that
     ``mask > p`` — how PyTorch's tests read the uniform numbers its own kernel writes — is the
     keep mask."""
-    op = "_fill_mem_eff_dropout_mask_"
     if mask.dim() != 4:
-        return _fallback(op, f"a mask of {mask.dim()} dimensions", keyset, mask, dropout_p, seed,
-                         offset)
+        raise Unsupported(f"a mask of {mask.dim()} dimensions")
     from . import dropout_mask
     state = torch.tensor([int(seed), int(offset)], dtype=torch.int64)
     keep = dropout_mask(tuple(mask.shape), float(dropout_p), state)
     mask.copy_(keep.to(mask.device))
-    _note(op, "")
     return mask
 
 
