@@ -3,9 +3,9 @@
 # and strides of PyTorch's meta kernels, and results against torch's math path given memeff's
 # dropout mask. On the CPU the kernels are registered for the CPU dispatch key (these aten ops
 # have no CPU kernel of their own) and called as aten ops, so PyTorch's autograd formulas and
-# torch.compile reach them as on a GPU; with CUDA the real thing runs: F.scaled_dot_product_attention
-# eager, under torch.compile(fullgraph=True), in a captured CUDA graph and under
-# mode="reduce-overhead".
+# torch.compile reach them as on a GPU; with CUDA the real thing runs:
+# F.scaled_dot_product_attention eager (flash, efficient and cuDNN slots), under
+# torch.compile(fullgraph=True), in a captured CUDA graph and under mode="reduce-overhead".
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -28,14 +28,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:Dropout mask should only be used
 
 @pytest.fixture
 def cpu_kernels():
-    handle = aten_sdpa.register_kernels(("flash", "efficient"), "CPU")
+    handle = aten_sdpa.register_kernels(aten_sdpa.SLOTS, "CPU")
     yield handle
     handle.remove()
 
 
 @pytest.fixture
 def active():
-    mt.activate(slots=("flash", "efficient"))
+    mt.activate(slots=aten_sdpa.SLOTS)
     yield
     mt.deactivate()
 
@@ -156,6 +156,22 @@ def test_activate_efficient_slot_and_bad_slot_names():
     assert not aten_sdpa.is_active()
 
 
+def test_activate_without_a_registry(monkeypatch):
+    """On a torch without the registry, activate() registers the kernels itself."""
+    monkeypatch.setattr(aten_sdpa, "_registry", lambda: None)
+    before = cuda_kernel_names(FLASH_OPS) if hasattr(torch.library, "get_kernel") else {}
+    handle = mt.activate()
+    try:
+        assert aten_sdpa.is_active() and handle.ops and set(handle.ops) <= set(FLASH_OPS)
+        if before:
+            assert all(cuda_kernel_names(FLASH_OPS)[op] != before[op] for op in before)
+    finally:
+        mt.deactivate()
+    assert not aten_sdpa.is_active() and not handle.active
+    if before:
+        assert cuda_kernel_names(FLASH_OPS) == before
+
+
 @pytest.mark.parametrize("args, expected", [
     ((False,), ("none", "")),
     ((True,), ("bottom_right", "")),
@@ -175,8 +191,8 @@ def test_torch_layout_strides_is_empty_like_for_equal_shapes():
              torch.empty(2, 3, 5, 8), torch.empty(2, 5, 3, 8).transpose(1, 2),
              torch.empty(1, 5, 1, 8).transpose(1, 2)]
     for view in views:
-        assert aten_sdpa._same_layout(torch.empty_like(view),
-                                      aten_sdpa.torch_layout_strides(view, view.shape)), view.stride()
+        strides = aten_sdpa.torch_layout_strides(view, view.shape)
+        assert aten_sdpa._same_layout(torch.empty_like(view), strides), view.stride()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +271,21 @@ def test_flash_slot_through_torch_autograd_on_cpu(cpu_kernels, case):
                                   math_reference("bottom_right" if causal else "none", keep, p,
                                                  enable_gqa=Hq != Hkv),
                                   torch.float32, ("dq", "dk", "dv"))
+
+
+def test_flash_debug_mask_on_cpu(cpu_kernels):
+    """return_debug_mask: the probabilities, negative where dropped, padded to 128."""
+    B, H, L, D, p = 1, 2, 20, 16, 0.4
+    gen = seeded_generator("debug-mask")
+    q, k, v = (torch.randn(B, H, L, D, generator=gen) for _ in range(3))
+    results = aten._scaled_dot_product_flash_attention(q, k, v, p, True, True, scale=0.5)
+    debug, state = results[8], results[6].view(torch.int64)
+    assert debug.shape == (B, H, 128, 128) and debug.dtype == q.dtype
+    assert not debug[:, :, L:].any() and not debug[:, :, :, L:].any()
+    allowed = causal_keep(L, L, "bottom_right", "cpu")
+    probs = torch.softmax((q @ k.transpose(-1, -2) * 0.5).masked_fill(~allowed, float("-inf")), -1)
+    keep = mt.dropout_mask((B, H, L, L), p, state)
+    torch.testing.assert_close(debug[:, :, :L, :L], torch.where(keep, probs, -probs))
 
 
 @pytest.mark.parametrize("p", [0.0, 0.2])
@@ -382,6 +413,25 @@ def test_efficient_slot_with_bias_gradient_on_cpu(cpu_kernels, p):
     assert_output_and_grads_close(out, grads, (q, k, v, small), dout,
                                   lambda q, k, v, b: reference(q, k, v, b.expand(B, H, Lq, Lk)),
                                   torch.float32, ("dq", "dk", "dv", "dbias"))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_cudnn_slot_on_cpu(cpu_kernels, p):
+    B, H, Lq, Lk, D = 2, 2, 24, 24, 16
+    gen = seeded_generator(("cudnn", p))
+    q, k, v = leaves(gen, "cpu", torch.float32, (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D))
+    bias = torch.randn(B, 1, Lq, Lk, generator=gen).expand(B, H, Lq, Lk)
+    results = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, p, True)
+    meta = aten._scaled_dot_product_cudnn_attention(*to_meta(q, k, v, bias), True, p, True)
+    assert_like_meta(results, meta, "_scaled_dot_product_cudnn_attention")
+    out, seed, offset = results[0], results[6], results[7]
+    dout = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = mt.dropout_mask((B, H, Lq, Lk), p, torch.stack([seed, offset])) if p > 0 else None
+    reference = math_reference("top_left", keep, p)
+    assert_output_and_grads_close(out, grads, (q, k, v), dout,
+                                  lambda q, k, v: reference(q, k, v, bias), torch.float32,
+                                  ("dq", "dk", "dv"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,3 +613,31 @@ def test_sdpa_efficient_slot_with_mask_gradient_on_gpu(active, dtype):
     reference = math_reference("none", keep, p)
     assert_output_and_grads_close(out, grads, (q, k, v, mask), dout, reference, dtype,
                                   ("dq", "dk", "dv", "dmask"))
+
+
+@needs_cuda
+@pytest.mark.parametrize("p, masked", [(0.15, False), (0.0, True)], ids=["dropout", "mask"])
+def test_sdpa_cudnn_slot_on_gpu(active, p, masked):
+    B, H, L, D, dtype = 2, 4, 128, 64, torch.bfloat16
+    gen = seeded_generator(("cudnn-gpu", p, masked))
+    q, k, v = leaves(gen, "cuda", dtype, (B, H, L, D), (B, H, L, D), (B, H, L, D))
+    mask = torch.randn(B, 1, L, L, generator=gen).to("cuda", dtype) if masked else None
+    dout = torch.randn(B, H, L, D, generator=gen).to("cuda", dtype)
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), mt.explain_sdpa() as calls:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 is_causal=not masked)
+            state = mt.last_rng_state()
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+    except RuntimeError as error:
+        if "No available kernel" in str(error):
+            pytest.skip(f"torch's dispatcher gives this call no cuDNN kernel: {error}")
+        raise
+    assert [(c.op, c.ran) for c in calls] == [
+        ("_scaled_dot_product_cudnn_attention", "memeff"),
+        ("_scaled_dot_product_cudnn_attention_backward", "memeff")], calls
+    keep = mt.dropout_mask((B, H, L, L), p, state) if p > 0 else None
+    reference = math_reference("none" if masked else "top_left", keep, p)
+    assert_output_and_grads_close(out, grads, (q, k, v), dout,
+                                  lambda q, k, v: reference(q, k, v, mask), dtype,
+                                  ("dq", "dk", "dv"))

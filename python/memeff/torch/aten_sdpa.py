@@ -8,9 +8,10 @@ implements the CUDA kernels of the flash slot with memeff:
   packed [total, H, D] with cum_seq_q/k, what ``torch.nn.attention.varlen`` calls), and
 - ``aten::_flash_attention_forward_no_dropout_inplace`` where the torch build has it,
 
-and, on request (``slots=("flash", "efficient")``), the memory-efficient slot
-(``aten::_scaled_dot_product_efficient_attention`` and its backward, with attn_bias, its
-gradient and dropout; ``aten::_fill_mem_eff_dropout_mask_`` then returns memeff's mask).
+and, on request, the memory-efficient slot (``slots=("flash", "efficient")``:
+``aten::_scaled_dot_product_efficient_attention`` and its backward, with attn_bias, its
+gradient and dropout; ``aten::_fill_mem_eff_dropout_mask_`` then returns memeff's mask) and
+cuDNN's (``"cudnn"``: ``aten::_scaled_dot_product_cudnn_attention`` and its backward).
 
 Nothing changes on import. ``import memeff.torch`` registers the implementation "memeff" with
 PyTorch's flash-attention registry (``torch.nn.attention.register_flash_attention_impl``) where
@@ -37,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 IMPL_NAME = "memeff"
-SLOTS = ("flash", "efficient")
+SLOTS = ("flash", "efficient", "cudnn")
 
 _log = logging.getLogger("memeff.torch.sdpa")
 _ops = torch.ops.memeff
@@ -163,13 +164,14 @@ def _flash_debug_mask(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
                       scale: Optional[float]) -> torch.Tensor:
     """The flash slot's debug mask for a dense [B, H, L, D] call: the attention probabilities
     [B, Hq, Lq, Lk] negated where dropout dropped them, zero-padded to multiples of 128 as
-    PyTorch's kernel pads them (only the sign is FlashAttention's convention; its magnitudes
-    are not normalized)."""
+    PyTorch's kernel pads them. The sign follows FlashAttention's convention; its magnitudes
+    are not normalized, these are the probabilities."""
     B, Hq, Lq, D = query.shape
     Lk = key.shape[2]
     group = Hq // key.shape[1]
     k = key.repeat_interleave(group, dim=1) if group > 1 else key
-    s = (query.float() @ k.float().transpose(-1, -2)) * (scale or 1.0 / math.sqrt(D))
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (query.float() @ k.float().transpose(-1, -2)) * scale
     probs = torch.exp(s - lse.unsqueeze(-1))
     if causal == "bottom_right":
         i = torch.arange(Lq, device=query.device).unsqueeze(1)
@@ -441,6 +443,9 @@ def _kernels_of(slots: Sequence[str]) -> Dict[str, object]:
         elif slot == "efficient":
             from . import aten_sdpa_efficient
             kernels.update(aten_sdpa_efficient.KERNELS)
+        elif slot == "cudnn":
+            from . import aten_sdpa_cudnn
+            kernels.update(aten_sdpa_cudnn.KERNELS)
         else:
             raise ValueError(f"memeff: argument `slots`: expected names among {SLOTS}, got "
                              f"{slot!r}")
@@ -539,8 +544,9 @@ def register_with_torch() -> bool:
 
 def activate(slots: Sequence[str] = ("flash",)) -> Handle:
     """Run torch.nn.functional.scaled_dot_product_attention's fused CUDA kernels with memeff:
-    the flash slot by default; slots=("flash", "efficient") takes the memory-efficient slot too
-    (attn_bias and its gradient, fp32). Through torch's registry where it exists (the same as
+    the flash slot by default; slots=("flash", "efficient", "cudnn") takes the memory-efficient
+    slot (attn_bias and its gradient, fp32) and cuDNN's too (any subset may be named). Through
+    torch's registry where it exists (the same as
     torch.nn.attention.activate_flash_attention_impl("memeff")), else directly. Returns the
     Handle; deactivate() (or the registry's restore_flash_attention_impl()) undoes it."""
     global _requested_slots
