@@ -40,7 +40,7 @@ def active():
     mt.deactivate()
 
 
-def math_reference(causal, keep=None, p=0.0, scale=None, enable_gqa=False, bias=False):
+def math_reference(causal, keep=None, p=0.0, scale=None, enable_gqa=False):
     """reference(q, k, v[, bias]) by torch's math SDPA, given memeff's keep mask: p_effective
     scales the kept values as memeff does (1/(1 - p_effective) = keep_scale)."""
     p_effective = mt.dropout_threshold(p).p_effective if keep is not None else 0.0
@@ -364,27 +364,40 @@ def test_unsupported_call_runs_the_kept_kernel():
         ("pytorch", "a sliding window (window_size_left=2)"), ("memeff", "")]
 
 
-def test_flash_slot_under_torch_compile_on_cpu(cpu_kernels):
-    """A fullgraph compile (AOTAutograd, so the backward is PyTorch's formula as traced) calls
-    the same kernels: with the same torch.manual_seed, the same mask and the same results."""
-    gen = seeded_generator("compile-cpu")
-    q, k, v = leaves(gen, "cpu", torch.float32, (2, 4, 24, 32), (2, 2, 24, 32), (2, 2, 24, 32))
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("slot", ["flash", "efficient"])
+def test_slots_under_torch_compile_on_cpu(cpu_kernels, backend, slot):
+    """A fullgraph compile (AOTAutograd, so the backward is PyTorch's formula as traced; with
+    inductor, which checks the strides of what the kernels return) calls the same kernels: with
+    the same torch.manual_seed, the same mask and the same results."""
+    gen = seeded_generator(("compile-cpu", slot))
+    q, k, v = leaves(gen, "cpu", torch.float32, (2, 24, 4, 32), (2, 2, 24, 32), (2, 2, 24, 16))
+    q = q.detach().transpose(1, 2).requires_grad_()  # [B, L, H, D] storage
+    inputs = (q, k, v)
+    if slot == "efficient":
+        k, v = (torch.randn(2, 4, 24, 32, generator=gen).requires_grad_() for _ in range(2))
+        bias = torch.randn(2, 1, 24, 24, generator=gen).requires_grad_()
+        inputs = (q, k, v, bias)
 
-    def attention(q, k, v):
-        return aten._scaled_dot_product_flash_attention(q, k, v, 0.3, True)[0]
+    def attention(q, k, v, bias=None):
+        if slot == "flash":
+            return aten._scaled_dot_product_flash_attention(q, k, v, 0.3, True)[0] * 2
+        return aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias.expand(2, 4, 24, 24), True, 0.2, False)[0] * 2
 
     def run(fn):
         torch.manual_seed(7)
         with mt.explain_sdpa() as calls:
-            out = fn(q, k, v)
-            grads = torch.autograd.grad(out.square().sum(), (q, k, v))
-        assert [c.op for c in calls] == ["_scaled_dot_product_flash_attention",
-                                         "_scaled_dot_product_flash_attention_backward"], calls
+            out = fn(*inputs)
+            grads = torch.autograd.grad(out.square().sum(), inputs)
+        assert [(c.op.endswith("_backward"), c.ran) for c in calls] == [
+            (False, "memeff"), (True, "memeff")], calls
         return (out,) + grads
 
-    compiled = run(torch.compile(attention, fullgraph=True, backend="aot_eager"))
+    torch._dynamo.reset()
+    compiled = run(torch.compile(attention, fullgraph=True, backend=backend))
     for a, b in zip(compiled, run(attention)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,6 @@ query, logsumexp [B, H, Lq, 1] (fp32), and the seed and offset as int64 scalars 
 (seed, offset) (on the CPU, or on the device under CUDA-graph capture), as the efficient slot
 returns them."""
 
-import torch
-
 from .aten_sdpa import (Unsupported, _backends, _dense_last_dim, _ops, _require_supported,
                         in_torch_layout, slot_kernel)
 from .aten_sdpa_efficient import _bias_for_memeff, _joined_state, _split_state
