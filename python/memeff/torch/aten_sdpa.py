@@ -37,6 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+import memeff.torch as _package  # partly initialized: this module is imported at its end
+
 IMPL_NAME = "memeff"
 SLOTS = ("flash", "efficient", "cudnn")
 
@@ -94,6 +96,8 @@ def _same_layout(t: torch.Tensor, strides: Sequence[int]) -> bool:
 def in_torch_layout(t: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """t (a result of memeff) in the layout PyTorch gives it (torch_layout_strides(query,
     t.shape)): t itself when it already is, else a copy."""
+    if t.shape == query.shape and t.stride() == query.stride():
+        return t  # the common case, decided without the rule
     strides = torch_layout_strides(query, t.shape)
     if _same_layout(t, strides):
         return t
@@ -104,9 +108,7 @@ def in_torch_layout(t: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 
 def _dense_last_dim(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """memeff reads tensors whose last dimension is contiguous; others are copied."""
-    if t is None or t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1:
-        return t
-    return t.contiguous()
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
 def flash_causal_mode(is_causal: bool, window_size_left: Optional[int] = None,
@@ -145,8 +147,7 @@ def _state_for_torch(drawn: torch.Tensor, dropout_p: float, device: torch.device
 
 def _remember_state(drawn: Optional[torch.Tensor], device: torch.device) -> None:
     """memeff.torch.last_rng_state() returns the latest call's state, through a slot too."""
-    from . import _thread_state
-    _thread_state.last_rng_state = None if drawn is None else (drawn, device)
+    _package._thread_state.last_rng_state = None if drawn is None else (drawn, device)
 
 
 def _state_for_memeff(rng_state: Optional[torch.Tensor], dropout_p: float
@@ -179,8 +180,7 @@ def _flash_debug_mask(query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor,
         probs = probs.masked_fill(j > i + (Lk - Lq), 0.0)
     probs = torch.nan_to_num(probs, nan=0.0)
     if dropout_p > 0.0:
-        from . import dropout_mask
-        keep = dropout_mask((B, Hq, Lq, Lk), dropout_p, rng_state.view(torch.int64))
+        keep = _package.dropout_mask((B, Hq, Lq, Lk), dropout_p, rng_state.view(torch.int64))
         probs = torch.where(keep, probs, -probs)
     rows, cols = -(-Lq // 128) * 128, -(-Lk // 128) * 128
     mask = query.new_zeros((B, Hq, rows, cols))
@@ -226,8 +226,8 @@ def _note(op: str, reason: str) -> None:
 
 
 def _backends() -> Tuple[str, ...]:
-    from . import _current_backends
-    return _current_backends()
+    """The allow-list of memeff.torch.use_backends now."""
+    return _package._backend_order
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,11 +294,9 @@ def _supported_causal(is_causal, window_size_left=None, window_size_right=None,
 def _sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False,
                         return_debug_mask=False, *, scale=None):
     _require_supported(query, key, value)
-    out, lse, rng_state, unused, debug = _flash_forward_memeff(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, None,
-        None, dropout_p, _supported_causal(is_causal), return_debug_mask, scale)
-    return (out.transpose(1, 2), lse, None, None, query.shape[2], key.shape[2], rng_state,
-            unused, debug)
+    out, lse, rng_state, unused, debug = _dense_forward(
+        query, key, value, dropout_p, _supported_causal(is_causal), return_debug_mask, scale)
+    return (out, lse, None, None, query.shape[2], key.shape[2], rng_state, unused, debug)
 
 
 @slot_kernel("_scaled_dot_product_flash_attention_backward")
@@ -306,10 +304,33 @@ def _sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
                          max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
                          scale=None):
     _require_supported(grad_out, query, key, value, out)
-    dq, dk, dv = _flash_backward_memeff(
-        *(t.transpose(1, 2) for t in (grad_out, query, key, value, out)), logsumexp, None, None,
-        max_q, max_k, dropout_p, _supported_causal(is_causal), philox_seed, scale)
-    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    return _dense_backward(grad_out, query, key, value, out, logsumexp, dropout_p,
+                           _supported_causal(is_causal), philox_seed, scale)
+
+
+def _dense_forward(query, key, value, dropout_p, causal, return_debug_mask, scale):
+    """out, lse, rng_state, unused, debug_mask of a flash forward on [B, H, L, D] tensors."""
+    p = float(dropout_p)
+    q, k, v = _dense_last_dim(query), _dense_last_dim(key), _dense_last_dim(value)
+    out, lse, drawn = _ops.fwd(q, k, v, None, None, p, causal, scale, _backends())
+    rng_state = _state_for_torch(drawn, p, query.device)
+    if return_debug_mask:
+        debug = _flash_debug_mask(q, k, lse, rng_state, p, causal, scale)
+    else:
+        debug = torch.empty((0,), dtype=query.dtype, device=query.device)
+    unused = torch.empty((), dtype=torch.uint64, device=query.device)
+    return in_torch_layout(out, query), lse, rng_state, unused, debug
+
+
+def _dense_backward(grad_out, query, key, value, out, logsumexp, dropout_p, causal, rng_state,
+                    scale):
+    """dq, dk, dv of a flash backward on [B, H, L, D] tensors."""
+    p = float(dropout_p)
+    dq, dk, dv, _ = _ops.bwd(_dense_last_dim(grad_out), _dense_last_dim(query),
+                             _dense_last_dim(key), _dense_last_dim(value), None,
+                             _dense_last_dim(out), logsumexp, _state_for_memeff(rng_state, p), p,
+                             causal, scale, False, _backends())
+    return in_torch_layout(dq, query), in_torch_layout(dk, key), in_torch_layout(dv, value)
 
 
 def _flash_forward_checks(query, key, value, cum_seq_q, cum_seq_k, max_k, is_causal,
@@ -335,43 +356,38 @@ def _flash_forward_checks(query, key, value, cum_seq_q, cum_seq_k, max_k, is_cau
 def _flash_forward_memeff(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                           causal, return_debug_mask, scale):
     """out, lse, rng_state, unused, debug_mask of a flash forward on [B, L, H, D] (or packed
-    [total, H, D]) tensors, by memeff."""
-    p = float(dropout_p)
-    q, k, v = (_dense_last_dim(t) for t in (query, key, value))
+    [total, H, D]) tensors."""
     if cum_seq_q is None:
-        out, lse, drawn = _ops.fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
-                                   None, p, causal, scale, _backends())
-        out = out.transpose(1, 2)
-    else:
-        out, lse, drawn = _ops.varlen_fwd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None, p,
-                                          causal, scale, _backends(), False)
-    rng_state = _state_for_torch(drawn, p, query.device)
+        out, lse, rng_state, unused, debug = _dense_forward(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout_p, causal,
+            return_debug_mask, scale)
+        return out.transpose(1, 2), lse, rng_state, unused, debug
     if return_debug_mask:
-        if cum_seq_q is not None:
-            raise RuntimeError("memeff: aten::_flash_attention_forward: a debug mask of packed "
-                               "sequences (cum_seq_q) is not implemented")
-        debug = _flash_debug_mask(q.transpose(1, 2), k.transpose(1, 2), lse, rng_state, p,
-                                  causal, scale)
-    else:
-        debug = torch.empty((0,), dtype=query.dtype, device=query.device)
+        raise RuntimeError("memeff: aten::_flash_attention_forward: a debug mask of packed "
+                           "sequences (cum_seq_q) is not implemented")
+    p = float(dropout_p)
+    out, lse, drawn = _ops.varlen_fwd(_dense_last_dim(query), _dense_last_dim(key),
+                                      _dense_last_dim(value), cum_seq_q, cum_seq_k, max_q, max_k,
+                                      None, p, causal, scale, _backends(), False)
+    rng_state = _state_for_torch(drawn, p, query.device)
+    debug = torch.empty((0,), dtype=query.dtype, device=query.device)
     unused = torch.empty((), dtype=torch.uint64, device=query.device)
     return in_torch_layout(out, query), lse, rng_state, unused, debug
 
 
 def _flash_backward_memeff(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                            max_q, max_k, dropout_p, causal, rng_state, scale):
-    """dq, dk, dv of a flash backward on [B, L, H, D] (or packed) tensors, by memeff."""
-    p = float(dropout_p)
-    state = _state_for_memeff(rng_state, p)
-    dout, q, k, v, o = (_dense_last_dim(t) for t in (grad_out, query, key, value, out))
+    """dq, dk, dv of a flash backward on [B, L, H, D] (or packed) tensors."""
     if cum_seq_q is None:
-        t = [x.transpose(1, 2) for x in (dout, q, k, v, o)]
-        dq, dk, dv, _ = _ops.bwd(t[0], t[1], t[2], t[3], None, t[4], logsumexp, state, p, causal,
-                                 scale, False, _backends())
-        dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-    else:
-        dq, dk, dv = _ops.varlen_bwd(dout, q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, o,
-                                     logsumexp, state, p, causal, scale, _backends())
+        dq, dk, dv = _dense_backward(
+            *(t.transpose(1, 2) for t in (grad_out, query, key, value, out)), logsumexp,
+            dropout_p, causal, rng_state, scale)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    p = float(dropout_p)
+    dq, dk, dv = _ops.varlen_bwd(*(_dense_last_dim(t) for t in (grad_out, query, key, value)),
+                                 cum_seq_q, cum_seq_k, max_q, max_k, _dense_last_dim(out),
+                                 logsumexp, _state_for_memeff(rng_state, p), p, causal, scale,
+                                 _backends())
     return in_torch_layout(dq, query), in_torch_layout(dk, key), in_torch_layout(dv, value)
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .aten_sdpa import (Unsupported, _backends, _dense_last_dim, _ops, _remember_state,
+from .aten_sdpa import (Unsupported, _package, _backends, _dense_last_dim, _ops, _remember_state,
                         _require_supported, _same_layout, slot_kernel)
 
 
@@ -126,9 +126,8 @@ def fill_dropout_mask(mask, dropout_p, seed, offset):
     keep mask."""
     if mask.dim() != 4:
         raise Unsupported(f"a mask of {mask.dim()} dimensions")
-    from . import dropout_mask
     state = torch.tensor([int(seed), int(offset)], dtype=torch.int64)
-    keep = dropout_mask(tuple(mask.shape), float(dropout_p), state)
+    keep = _package.dropout_mask(tuple(mask.shape), float(dropout_p), state)
     mask.copy_(keep.to(mask.device))
     return mask
 
