@@ -33,6 +33,22 @@ def cpu_kernels():
     handle.remove()
 
 
+@pytest.fixture(params=["cpu", "cuda"])
+def slot_device(request):
+    """(device, dtype) with memeff's kernels in the slots for that device: on the CPU registered
+    for the CPU key (fp32), on a GPU activated as a user would (bf16)."""
+    if request.param == "cpu":
+        handle = aten_sdpa.register_kernels(aten_sdpa.SLOTS, "CPU")
+        yield "cpu", torch.float32
+        handle.remove()
+        return
+    if not CUDA:
+        pytest.skip("needs a CUDA device")
+    mt.activate(slots=aten_sdpa.SLOTS)
+    yield "cuda", torch.bfloat16
+    mt.deactivate()
+
+
 @pytest.fixture
 def active():
     mt.activate(slots=aten_sdpa.SLOTS)
@@ -199,30 +215,31 @@ def test_torch_layout_strides_is_empty_like_for_equal_shapes():
 # The flash slot's kernels on the CPU: layouts against PyTorch's meta kernels, results against
 # torch's math path, PyTorch's autograd formula, torch.compile.
 
-def dense_inputs(gen, layout, B, Hq, Hkv, Lq, Lk, D, Dv, dtype=torch.float32):
+def dense_inputs(gen, device, dtype, layout, B, Hq, Hkv, Lq, Lk, D, Dv):
     """q, k, v [B, H, L, D] in one of several memory layouts, requiring grad."""
     if layout == "bhld":
-        return leaves(gen, "cpu", dtype, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv))
+        return leaves(gen, device, dtype, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv))
     if layout == "blhd":
-        q, k, v = leaves(gen, "cpu", dtype, (B, Lq, Hq, D), (B, Lk, Hkv, D), (B, Lk, Hkv, Dv))
+        q, k, v = leaves(gen, device, dtype, (B, Lq, Hq, D), (B, Lk, Hkv, D), (B, Lk, Hkv, Dv))
         return [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
     assert layout == "fused_qkv" and Hq == Hkv and Lq == Lk and D == Dv
-    qkv = torch.randn(B, Lq, 3, Hq, D, generator=gen).to(dtype)
+    qkv = torch.randn(B, Lq, 3, Hq, D, generator=gen).to(device, dtype)
     return [qkv[:, :, i].transpose(1, 2).requires_grad_() for i in range(3)]
 
 
 @pytest.mark.parametrize("layout", ["bhld", "blhd", "fused_qkv"])
 @pytest.mark.parametrize("Dv", [32, 16])
-def test_sdpa_flash_outputs_have_torch_layouts(cpu_kernels, layout, Dv):
+def test_sdpa_flash_outputs_have_torch_layouts(slot_device, layout, Dv):
     if layout == "fused_qkv" and Dv != 32:
         pytest.skip("a fused projection has one head size")
+    device, dtype = slot_device
     gen = seeded_generator(("layout", layout, Dv))
-    q, k, v = dense_inputs(gen, layout, 2, 4, 4, 9, 9, 32, Dv)
+    q, k, v = dense_inputs(gen, device, dtype, layout, 2, 4, 4, 9, 9, 32, Dv)
     results = aten._scaled_dot_product_flash_attention(q, k, v, 0.25, True, scale=0.3)
     meta = aten._scaled_dot_product_flash_attention(*to_meta(q, k, v), 0.25, True, scale=0.3)
     assert_like_meta(results, meta, "_scaled_dot_product_flash_attention")
     out, lse, _, _, max_q, max_k, rng_state, unused, _ = results
-    dout = torch.randn(out.shape, generator=gen)
+    dout = torch.randn(out.shape, generator=gen).to(device, dtype)
     grads = aten._scaled_dot_product_flash_attention_backward(
         dout, q, k, v, out, lse, None, None, max_q, max_k, 0.25, True, rng_state, unused,
         scale=0.3)
@@ -249,11 +266,12 @@ FLASH_CASES = [
 
 
 @pytest.mark.parametrize("case", FLASH_CASES, ids=str)
-def test_flash_slot_through_torch_autograd_on_cpu(cpu_kernels, case):
+def test_flash_slot_through_torch_autograd(slot_device, case):
+    device, dtype = slot_device
     B, Hq, Hkv, Lq, Lk, D, causal, p = case
     gen = seeded_generator(case)
-    q, k, v = leaves(gen, "cpu", torch.float32, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D))
-    dout = torch.randn(B, Hq, Lq, D, generator=gen)
+    q, k, v = leaves(gen, device, dtype, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D))
+    dout = torch.randn(B, Hq, Lq, D, generator=gen).to(device, dtype)
     with mt.explain_sdpa() as calls:
         results = aten._scaled_dot_product_flash_attention(q, k, v, p, causal)
         out, rng_state = results[0], results[6]
@@ -270,7 +288,7 @@ def test_flash_slot_through_torch_autograd_on_cpu(cpu_kernels, case):
     assert_output_and_grads_close(out, grads, (q, k, v), dout,
                                   math_reference("bottom_right" if causal else "none", keep, p,
                                                  enable_gqa=Hq != Hkv),
-                                  torch.float32, ("dq", "dk", "dv"))
+                                  dtype, ("dq", "dk", "dv"))
 
 
 def test_flash_debug_mask_on_cpu(cpu_kernels):
@@ -289,16 +307,17 @@ def test_flash_debug_mask_on_cpu(cpu_kernels):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.2])
-def test_packed_flash_forward_and_backward_on_cpu(cpu_kernels, p):
+def test_packed_flash_forward_and_backward(slot_device, p):
     """_flash_attention_forward/backward with cum_seq_q/k: each sequence as its own dense
     attention (bottom-right causal, FlashAttention's alignment), the dropout mask of sequence s
     being the padded batch's element s."""
+    device, dtype = slot_device
     lengths_q, lengths_k, Hq, Hkv, D = [5, 1, 12], [7, 4, 12], 4, 2, 16
     gen = seeded_generator(("packed", p))
-    q, k, v = leaves(gen, "cpu", torch.float32, (sum(lengths_q), Hq, D),
+    q, k, v = leaves(gen, device, dtype, (sum(lengths_q), Hq, D),
                      (sum(lengths_k), Hkv, D), (sum(lengths_k), Hkv, D))
     offsets = [torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-               for lengths in (lengths_q, lengths_k)]
+               .to(device) for lengths in (lengths_q, lengths_k)]
     max_q, max_k = max(lengths_q), max(lengths_k)
     results = aten._flash_attention_forward(q, k, v, offsets[0], offsets[1], max_q, max_k, p,
                                             True, False, scale=0.2)
@@ -306,7 +325,7 @@ def test_packed_flash_forward_and_backward_on_cpu(cpu_kernels, p):
                                          False, scale=0.2)
     assert_like_meta(results, meta, "_flash_attention_forward (packed)")
     out, lse, rng_state, unused, _ = results
-    dout = torch.randn(out.shape, generator=gen)
+    dout = torch.randn(out.shape, generator=gen).to(device, dtype)
     dq, dk, dv = aten._flash_attention_backward(dout, q, k, v, out, lse, offsets[0], offsets[1],
                                                 max_q, max_k, p, True, rng_state, unused,
                                                 scale=0.2)
@@ -324,7 +343,7 @@ def test_packed_flash_forward_and_backward_on_cpu(cpu_kernels, p):
             [g[idx].transpose(0, 1).unsqueeze(0) for g, idx in ((dq, rows), (dk, keys),
                                                                  (dv, keys))],
             dense, grad, math_reference("bottom_right", keep, p, scale=0.2, enable_gqa=True),
-            torch.float32, ("dq", "dk", "dv"), f"sequence {s} ")
+            dtype, ("dq", "dk", "dv"), f"sequence {s} ")
 
 
 def test_unsupported_flash_call_names_why(cpu_kernels):
