@@ -19,7 +19,8 @@ Dropout randomness comes from torch's own generators: ``torch.manual_seed`` (or 
 the graph-safe way PyTorch's fused kernels use (so a replayed CUDA graph draws a fresh mask each
 replay), and the backward regenerates the same mask from it. ``dropout_mask(shape, p,
 rng_state)`` returns the 0/1 mask a call used. ``memeff.torch.hf`` plugs memeff into Hugging Face
-transformers.
+transformers. ``activate()`` puts memeff inside torch's own
+``torch.nn.functional.scaled_dot_product_attention`` (memeff.torch.aten_sdpa).
 """
 
 import contextlib
@@ -46,6 +47,9 @@ __all__ = [
     "context_parallel_attention",
     "context_parallel_shard",
     "context_parallel_unshard",
+    "activate",
+    "deactivate",
+    "explain_sdpa",
 ]
 
 _ops = torch.ops.memeff
@@ -436,3 +440,7 @@ def version() -> str:
 from . import hf  # noqa: E402  (memeff.torch.hf.register(): transformers is imported only there)
 from .context_parallel import (  # noqa: E402  (it uses the helpers above)
     context_parallel_attention, context_parallel_shard, context_parallel_unshard)
+from . import aten_sdpa  # noqa: E402  (memeff inside torch's own scaled_dot_product_attention)
+from .aten_sdpa import activate, deactivate, explain_sdpa  # noqa: E402
+
+aten_sdpa.register_with_torch()  # known to torch.nn.attention's registry; active only on request
