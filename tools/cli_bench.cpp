@@ -26,7 +26,8 @@ const char* const kAnchorShapes[] = {"32,12,512,512,64,0", "8,16,2048,2048,128,0
 const char* const kCpuAnchorShapes[] = {"1,4,1024,1024,64,0", "1,8,2048,2048,64,0"};
 
 // One --shapes entry: B,H,Lq,Lk,D,causal[,Hkv], the form of the PyTorch peer script, whose causal
-// field is 0 or 1 (top_left); Hkv < H is grouped-query attention.
+// field is 0 or 1 (top_left); 2 is memeff's bottom_right (decode and chunked prefill: the last
+// query sees every key); Hkv < H is grouped-query attention.
 struct BenchShape {
   ShapeConfig config;
   std::string text;
@@ -35,7 +36,7 @@ struct BenchShape {
 BenchShape parse_bench_shape(const std::string& text) {
   const std::size_t count = split(text, ',').size();
   if (count != 6 && count != 7) {
-    throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1), got `" + text + "`");
+    throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal[,Hkv] (causal 0, 1 or 2), got `" + text + "`");
   }
   BenchShape s{ShapeConfig{}, text};
   ShapeConfig& c = s.config;
@@ -46,7 +47,7 @@ BenchShape parse_bench_shape(const std::string& text) {
   fields.add_option("Lq", c.Lq)->transform(integer(1));
   fields.add_option("Lk", c.Lk)->transform(integer(1));
   fields.add_option("D", c.D)->transform(integer(1));
-  add_name(fields, "causal", causal, {"0", "1"}, "");
+  add_name(fields, "causal", causal, {"0", "1", "2"}, "");
   fields.add_option("Hkv", c.Hkv)->transform(integer(1));
   try {
     parse_fields(fields, text);
@@ -57,7 +58,9 @@ BenchShape parse_bench_shape(const std::string& text) {
     throw UsageError("--shapes `" + text + "`: H = " + std::to_string(c.Hq) +
                      " is not a multiple of Hkv = " + std::to_string(c.hkv()));
   }
-  c.causal = causal == "1" ? CausalMode::top_left : CausalMode::none;
+  c.causal = causal == "1"   ? CausalMode::top_left
+             : causal == "2" ? CausalMode::bottom_right
+                             : CausalMode::none;
   return s;
 }
 
@@ -72,6 +75,7 @@ struct BenchConfig {
   std::int64_t warmup = -1, iters = -1;  // default: by device
   std::uint64_t seed = 0;
   bool deterministic = false;
+  bool forward_only = false;  // time the forward alone (decode shapes)
   BiasPattern bias;  // none by default
 };
 
@@ -122,6 +126,7 @@ int bench(const BenchConfig& bc) {
                   {"Lk", c.lk()},
                   {"D", c.D},
                   {"causal", c.causal != CausalMode::none},
+                  {"causal_mode", causal_mode_name(c.causal)},
                   {"dropout", p_drop},
                   {"bias", c.bias.text()},
                   {"dtype", dtype_name(c.dtype_on(device.type))}};
@@ -133,13 +138,14 @@ int bench(const BenchConfig& bc) {
         const AttentionArgs args = d.args();
         const BackwardTensors grads = d.grads();
         const Buffer ws_f(device, workspace_size(args, Pass::forward, options));
-        const Buffer ws_b(device, workspace_size(args, Pass::backward, options));
+        const Buffer ws_b(device,
+                          bc.forward_only ? 0 : workspace_size(args, Pass::backward, options));
         const Options fo = with_workspace(options, ws_f), bo = with_workspace(options, ws_b);
 
         synchronize(device);
         const std::size_t free_before = device_free_bytes(device);
         const CallInfo fi = forward(args, grads.out, grads.lse, fo);
-        const CallInfo bi = backward(args, grads, bo);
+        const CallInfo bi = bc.forward_only ? CallInfo{} : backward(args, grads, bo);
         synchronize(device);
         const std::size_t free_after = device_free_bytes(device);
         const double drop_mib = free_before > free_after ? static_cast<double>(free_before - free_after) / kMiB : 0.0;
@@ -147,7 +153,7 @@ int bench(const BenchConfig& bc) {
                      label, fi.backend.c_str(), static_cast<long long>(iters));
         for (std::int64_t i = 0; i < warmup; ++i) {
           forward(args, grads.out, grads.lse, fo);
-          backward(args, grads, bo);
+          if (!bc.forward_only) backward(args, grads, bo);
         }
         std::vector<double> tf, tb;
         for (std::int64_t i = 0; i < iters; ++i) {
@@ -156,7 +162,7 @@ int bench(const BenchConfig& bc) {
           forward(args, grads.out, grads.lse, fo);
           tf.push_back(timer.stop());
         }
-        for (std::int64_t i = 0; i < iters; ++i) {
+        for (std::int64_t i = 0; i < iters && !bc.forward_only; ++i) {
           flusher.flush();
           timer.start();
           backward(args, grads, bo);
@@ -224,7 +230,8 @@ events, median. Progress on stderr, one line per row on stdout.
 )");
   app->add_option(
          "--shapes", bc->shapes,
-         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1; Hkv < H: grouped-query attention;\n"
+         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0, 1 = top_left or 2 = bottom_right;\n"
+         "Hkv < H: grouped-query attention;\n"
          "default on cuda: the five anchor shapes of ANCHORS.md,\n"
          "32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1\n"
          "1,16,16384,16384,128,1; on cpu: ANCHORS.md's CPU shapes 1,4,1024,1024,64,0 "
@@ -247,6 +254,8 @@ events, median. Progress on stderr, one line per row on stdout.
             "none, full or a pattern over [B, H, Lq, Lk] such as 1hqk or b11k", "PATTERN",
             "an additive bias on every row: none (default), full (= bhqk) or a broadcast pattern\n"
             "over [B,H,Lq,Lk] (a 1 marks a broadcast dim, e.g. b11k, 11qk); dbias is computed");
+  app->add_flag("--forward-only", bc->forward_only,
+                "time the forward alone (decode shapes; bwd_ms is then 0)");
   app->add_flag("--deterministic", bc->deterministic,
                 "time the bitwise-repeatable backward (Options::deterministic)");
   app->add_option("--json", bc->json_path,
