@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch SDPA's forward on decode shapes, the peer of bench/splitkv_decode.sh.
 
-Each shape is B,H,Lq,Lk,D,causal,Hkv:dropout with causal 0 (none), 1 (top-left, is_causal) or 2
-(bottom-right: torch.nn.attention.bias.causal_lower_right; no mask at all when Lq = 1). GQA runs
+Each shape is B,H,Lq,Lk,D,causal,Hkv:dropout with causal 0 (none) or 1, aligned as --causal-align
+says: top_left (is_causal) or bottom_right (torch.nn.attention.bias.causal_lower_right; no mask at
+all when Lq = 1), as memeff bench's shapes. GQA runs
 through enable_gqa; where a backend refuses it, K and V are expanded to H heads before timing
 (row key "gqa": "expanded"). Forward only (dropout in training mode), CUDA events around each
 call after a 256 MiB write that empties L2, median of --iters calls.
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--backends", nargs="*", default=["flash", "efficient", "cudnn", "math"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--causal-align", default="bottom_right", choices=["top_left", "bottom_right"])
     ap.add_argument("--json")
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
@@ -63,6 +65,8 @@ def main():
     for s in a.shapes:
         fields, p = s.split(":") if ":" in s else (s, "0")
         B, H, Lq, Lk, D, causal, Hkv = (int(x) for x in fields.split(","))
+        if causal:
+            causal = 2 if a.causal_align == "bottom_right" else 1
         p = float(p)
         q = torch.randn(B, H, Lq, D, device=dev, dtype=dtype)
         k = torch.randn(B, Hkv, Lk, D, device=dev, dtype=dtype)

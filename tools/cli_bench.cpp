@@ -26,8 +26,8 @@ const char* const kAnchorShapes[] = {"32,12,512,512,64,0", "8,16,2048,2048,128,0
 const char* const kCpuAnchorShapes[] = {"1,4,1024,1024,64,0", "1,8,2048,2048,64,0"};
 
 // One --shapes entry: B,H,Lq,Lk,D,causal[,Hkv], the form of the PyTorch peer script, whose causal
-// field is 0 or 1 (top_left); 2 is memeff's bottom_right (decode and chunked prefill: the last
-// query sees every key); Hkv < H is grouped-query attention.
+// field is 0 or 1 (top_left, or bottom_right with --causal-align); Hkv < H is grouped-query
+// attention.
 struct BenchShape {
   ShapeConfig config;
   std::string text;
@@ -36,7 +36,7 @@ struct BenchShape {
 BenchShape parse_bench_shape(const std::string& text) {
   const std::size_t count = split(text, ',').size();
   if (count != 6 && count != 7) {
-    throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal[,Hkv] (causal 0, 1 or 2), got `" + text + "`");
+    throw UsageError("--shapes: expected B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1), got `" + text + "`");
   }
   BenchShape s{ShapeConfig{}, text};
   ShapeConfig& c = s.config;
@@ -47,7 +47,7 @@ BenchShape parse_bench_shape(const std::string& text) {
   fields.add_option("Lq", c.Lq)->transform(integer(1));
   fields.add_option("Lk", c.Lk)->transform(integer(1));
   fields.add_option("D", c.D)->transform(integer(1));
-  add_name(fields, "causal", causal, {"0", "1", "2"}, "");
+  add_name(fields, "causal", causal, {"0", "1"}, "");
   fields.add_option("Hkv", c.Hkv)->transform(integer(1));
   try {
     parse_fields(fields, text);
@@ -58,9 +58,7 @@ BenchShape parse_bench_shape(const std::string& text) {
     throw UsageError("--shapes `" + text + "`: H = " + std::to_string(c.Hq) +
                      " is not a multiple of Hkv = " + std::to_string(c.hkv()));
   }
-  c.causal = causal == "1"   ? CausalMode::top_left
-             : causal == "2" ? CausalMode::bottom_right
-                             : CausalMode::none;
+  c.causal = causal == "1" ? CausalMode::top_left : CausalMode::none;
   return s;
 }
 
@@ -76,10 +74,14 @@ struct BenchConfig {
   std::uint64_t seed = 0;
   bool deterministic = false;
   bool forward_only = false;  // time the forward alone (decode shapes)
+  CausalMode causal_align = CausalMode::top_left;  // what a shape's causal 1 means
   BiasPattern bias;  // none by default
 };
 
 int bench(const BenchConfig& bc) {
+  if (bc.causal_align == CausalMode::none) {
+    throw UsageError("--causal-align: expected top_left or bottom_right, got none");
+  }
   std::vector<BenchShape> shapes;
   for (const std::string& t : bc.shapes) shapes.push_back(parse_bench_shape(t));
   const std::vector<double> dropouts =
@@ -115,6 +117,7 @@ int bench(const BenchConfig& bc) {
     for (double p_drop : dropouts) {
       ++index;
       ShapeConfig c = s.config;
+      if (c.causal != CausalMode::none) c.causal = bc.causal_align;
       c.dropout = p_drop;
       c.seed = bc.seed;
       c.dtype = bc.dtype;
@@ -230,7 +233,7 @@ events, median. Progress on stderr, one line per row on stdout.
 )");
   app->add_option(
          "--shapes", bc->shapes,
-         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0, 1 = top_left or 2 = bottom_right;\n"
+         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1, aligned by --causal-align;\n"
          "Hkv < H: grouped-query attention;\n"
          "default on cuda: the five anchor shapes of ANCHORS.md,\n"
          "32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1\n"
@@ -254,6 +257,9 @@ events, median. Progress on stderr, one line per row on stdout.
             "none, full or a pattern over [B, H, Lq, Lk] such as 1hqk or b11k", "PATTERN",
             "an additive bias on every row: none (default), full (= bhqk) or a broadcast pattern\n"
             "over [B,H,Lq,Lk] (a 1 marks a broadcast dim, e.g. b11k, 11qk); dbias is computed");
+  add_causal(*app, "--causal-align", bc->causal_align,
+             "the causal mask of shapes with causal 1: top_left (default, as PyTorch's is_causal) or\n"
+             "bottom_right (decode and chunked prefill: the last query sees every key)");
   app->add_flag("--forward-only", bc->forward_only,
                 "time the forward alone (decode shapes; bwd_ms is then 0)");
   app->add_flag("--deterministic", bc->deterministic,

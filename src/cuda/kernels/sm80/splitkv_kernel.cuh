@@ -128,19 +128,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     rw.j_limit = is_causal(p) ? min(p.Lk, rw.i + p.causal_shift + 1) : p.Lk;
   }
 
+  const bool has_bias = p.bias != nullptr;
   // Scores as in the fused forward: x = q·k (fast path) or x = scale·q·k + bias (premul, also for
   // scale <= 0), exponentiated as exp2(x·f - m·f).
-  const bool has_bias = p.bias != nullptr;
   const bool premul = has_bias || !(p.scale > 0.0f);
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
-
   detail::DropoutKey key{0, 0};
-  if constexpr (kDropout) {
-    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
-    const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
-    key = detail::dropout_key(seed, offset);
-  }
+  if constexpr (kDropout) key = dropout_key_of(p);
   const KeepThreshold thr(p.keep_threshold);
 
   float o[kDT][4];
@@ -163,6 +158,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       smem_addr(sK) + (warp * 16 + (lm_mat >> 1) * 8 + lm_row) * kRowBytes;
   const std::uint32_t sV_addr = smem_addr(sV) + (warp * 16 + (lm_mat & 1) * 8 + lm_row) * kRowBytes;
 
+  // Tile it + 1 of K or V (keys past Lk as zeros) into the other buffer, as one cp.async group.
+  auto prefetch = [&](T* smem, const T* gmem, std::int64_t stride, int cols, int it, int buf,
+                      std::int64_t n0) {
+    if (it + 1 < n_tiles) {
+      load_tile<Tr, Tr::kBlockN>(smem_addr(smem + (buf ^ 1) * Tr::kSmemKV),
+                                 gmem + (n0 + Tr::kBlockN) * stride, stride,
+                                 p.Lk - n0 - Tr::kBlockN, cols, tid);
+    }
+    cp_async_commit();
+  };
+
   for (int it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
     const std::int64_t n0 = key0 + static_cast<std::int64_t>(it) * Tr::kBlockN;
@@ -170,12 +176,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
     cp_async_wait<1>();  // K[it] has landed
     __syncthreads();
-    if (it + 1 < n_tiles) {
-      load_tile<Tr, Tr::kBlockN>(smem_addr(sK + (buf ^ 1) * Tr::kSmemKV),
-                                 k + (n0 + Tr::kBlockN) * p.k_stride.l, p.k_stride.l,
-                                 p.Lk - n0 - Tr::kBlockN, p.D, tid);
-    }
-    cp_async_commit();
+    prefetch(sK, k, p.k_stride.l, p.D, it, buf, n0);
 
     // S = Q·Kᵀ for the 16 rows and this warp's 16 keys.
     float s[kNT][4] = {};
@@ -239,12 +240,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
     cp_async_wait<1>();  // V[it] has landed
     __syncthreads();
-    if (it + 1 < n_tiles) {
-      load_tile<Tr, Tr::kBlockN>(smem_addr(sV + (buf ^ 1) * Tr::kSmemKV),
-                                 v + (n0 + Tr::kBlockN) * p.v_stride.l, p.v_stride.l,
-                                 p.Lk - n0 - Tr::kBlockN, p.Dv, tid);
-    }
-    cp_async_commit();
+    prefetch(sV, v, p.v_stride.l, p.Dv, it, buf, n0);
 
     // O += P·V over this warp's 16 keys (one k16 step).
     const std::uint32_t a[4] = {pk[0][0], pk[0][1], pk[1][0], pk[1][1]};
@@ -268,34 +264,26 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     if (t == 0) s_m[warp][g + 8 * hh] = row_m[hh], s_l[warp][g + 8 * hh] = l;
   }
   __syncthreads();  // every warp is done with sK, sV: they hold the warps' outputs now
+  auto row_max = [&](int row) {
+    float m = s_m[0][row];
+#pragma unroll
+    for (int w = 1; w < Tr::kWarps; ++w) m = fmaxf(m, s_m[w][row]);
+    return m;
+  };
   float* const s_o = reinterpret_cast<float*>(sK);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = g + 8 * hh;
-    float m_all = s_m[0][row];
-#pragma unroll
-    for (int w = 1; w < Tr::kWarps; ++w) m_all = fmaxf(m_all, s_m[w][row]);
-    const float m_scaled = m_all == -INFINITY ? 0.0f : m_all * f;
-    const float share = fast_exp2(row_m[hh] * f - m_scaled);
+    const float m_all = row_max(row);
+    const float share = fast_exp2(row_m[hh] * f - (m_all == -INFINITY ? 0.0f : m_all * f));
     float* dst = s_o + (warp * Tr::kBlockM + row) * Tr::kMergeStride + 2 * t;
 #pragma unroll
     for (int d = 0; d < kDT; ++d) {
       dst[8 * d] = o[d][2 * hh] * share;
       dst[8 * d + 1] = o[d][2 * hh + 1] * share;
     }
-  }
-  __syncthreads();
-  if (t == 0) {
-    // Each warp's sum scaled likewise, into s_l (rows are read below, after the barrier).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = g + 8 * hh;
-      float m_all = s_m[0][row];
-#pragma unroll
-      for (int w = 1; w < Tr::kWarps; ++w) m_all = fmaxf(m_all, s_m[w][row]);
-      const float m_scaled = m_all == -INFINITY ? 0.0f : m_all * f;
-      s_l[warp][row] *= fast_exp2(s_m[warp][row] * f - m_scaled);
-    }
+    // The warp's sum scaled likewise (s_l is read only after the barrier below).
+    if (t == 0) s_l[warp][row] *= share;
   }
   __syncthreads();
 
@@ -308,9 +296,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int row = idx / dv_quads, col = 4 * (idx % dv_quads);
     const std::int64_t r = r0 + row;
     if (r >= rows) continue;
-    float l = 0.0f, m_all = -INFINITY;
+    float l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) l += s_l[w][row], m_all = fmaxf(m_all, s_m[w][row]);
+    for (int w = 0; w < Tr::kWarps; ++w) l += s_l[w][row];
     const bool empty = l == 0.0f;  // no visible key; a NaN l stays NaN
     const float inv = keep_scale / l;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -328,7 +316,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const std::int64_t slot = split * rows_total + row_id;
     *reinterpret_cast<float4*>(plan.o_partial + slot * p.Dv + col) = acc;
     if (col == 0) {
-      plan.lse_partial[slot] = empty ? -INFINITY : m_all * m_to_natural + logf(l);
+      plan.lse_partial[slot] = empty ? -INFINITY : row_max(row) * m_to_natural + logf(l);
     }
   }
 }
