@@ -51,8 +51,8 @@ void check_case(KernelCase c, std::uint64_t data_seed) {
 }
 
 // Every (Lq, Lk) pair of the decode grid under each causal mode; the GQA group, dropout, dtype
-// and head dim rotate through their values so that each meets every length (a full product
-// would be 1728 reference runs).
+// and head dim rotate through their values so that each meets every length and every causal
+// mode (a full product would be 1728 reference runs).
 TEST_F(CudaSplitKv, DecodeGridMatchesTheReference) {
   const std::int64_t lqs[] = {1, 2, 7, 16};
   const std::int64_t lks[] = {1, 63, 64, 65, 1000, 8192};
@@ -67,7 +67,7 @@ TEST_F(CudaSplitKv, DecodeGridMatchesTheReference) {
         KernelCase c;
         c.B = 2;
         c.Hkv = 2;
-        c.Hq = c.Hkv * groups[n % 3];
+        c.Hq = c.Hkv * groups[(n + n / 3) % 3];  // every group under every causal mode
         c.Lq = Lq;
         c.Lk = Lk;
         c.causal = causal;
