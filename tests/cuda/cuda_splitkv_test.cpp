@@ -159,59 +159,67 @@ TEST_F(CudaSplitKv, RowsWithoutKeysGiveZeroAndMinusInf) {
   }
 }
 
-// The dropout mask element by element: q = 0 makes every score 0, a key-padding bias leaves a
-// window of 128 keys [w0, w0 + 128) visible and v is the identity on it, so out[h, i, e] is
-// keep(h, i, w0 + e)·keep_scale/128: zero exactly where the documented mask drops (v is 0 on
-// the window's other keys, and the padded keys weigh exactly 0). Windows on
-// and off the 64-key blocks, inside one split and across splits.
+// The dropout mask element by element, on every instantiation (bf16 and fp16, head dims 64 and
+// 128): q = 0 makes every score 0, a key-padding bias leaves a window of W = D keys
+// [w0, w0 + W) visible and v is the identity on it, so out[h, i, e] is
+// keep(h, i, w0 + e)·keep_scale/W: zero exactly where the documented mask drops (v is 0 on the
+// window's other keys, and the padded keys weigh exactly 0). Windows on and off the 64-key
+// blocks, inside one split and across splits.
 TEST_F(CudaSplitKv, DropoutMaskIsTheDocumentedOneElementByElement) {
-  const std::int64_t Hq = 8, Hkv = 2, Lq = 3, Lk = 5000, D = 128;
+  const std::int64_t Hq = 8, Hkv = 2, Lq = 3, Lk = 5000;
   const double p = 0.17;
   const std::uint64_t seed = 0xC0FFEEull, offset = (1ull << 33) + 5;
-  const double kept = dropout_threshold(p).keep_scale / 128.0;
-  for (std::int64_t w0 : {0, 448, 1000, 2497, 4872}) {
-    HostTensor q(DType::bf16, {1, Hq, Lq, D}), k(DType::bf16, {1, Hkv, Lk, D}),
-        v(DType::bf16, {1, Hkv, Lk, D}), bias(DType::f32, {1, 1, 1, Lk});
-    std::mt19937_64 rng(static_cast<std::uint64_t>(w0));
-    test::fill_uniform(k, rng, -1.0, 1.0);
-    for (std::int64_t i = 0; i < q.numel(); ++i) q.set(i, 0.0);
-    for (std::int64_t h = 0; h < Hkv; ++h) {
-      for (std::int64_t j = 0; j < Lk; ++j) {
-        for (std::int64_t e = 0; e < D; ++e) {
-          const bool in_window = j >= w0 && j < w0 + 128;
-          v.set((h * Lk + j) * D + e, in_window ? (j - w0 == e ? 1.0 : 0.0) : 0.5);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (std::int64_t D : {64, 128}) {
+      const double kept = dropout_threshold(p).keep_scale / static_cast<double>(D);
+      for (std::int64_t w0 :
+           {std::int64_t{0}, std::int64_t{448}, std::int64_t{1000}, std::int64_t{2497}, Lk - D}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " D " + std::to_string(D) + " window " +
+                     std::to_string(w0));
+        auto in_window = [&](std::int64_t j) { return j >= w0 && j < w0 + D; };
+        HostTensor q(dtype, {1, Hq, Lq, D}), k(dtype, {1, Hkv, Lk, D}), v(dtype, {1, Hkv, Lk, D}),
+            bias(DType::f32, {1, 1, 1, Lk});
+        std::mt19937_64 rng(static_cast<std::uint64_t>(w0));
+        test::fill_uniform(k, rng, -1.0, 1.0);
+        for (std::int64_t i = 0; i < q.numel(); ++i) q.set(i, 0.0);
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+          for (std::int64_t j = 0; j < Lk; ++j) {
+            for (std::int64_t e = 0; e < D; ++e) {
+              v.set((h * Lk + j) * D + e, in_window(j) ? (j - w0 == e ? 1.0 : 0.0) : 0.5);
+            }
+          }
         }
+        for (std::int64_t j = 0; j < Lk; ++j) {
+          bias.set(j, in_window(j) ? 0.0 : -std::numeric_limits<double>::infinity());
+        }
+        HostTensor out(dtype, {1, Hq, Lq, D}), lse(DType::f32, {1, Hq, Lq});
+        test::poison(out);
+        DeviceTensor dq(q), dk(k), dv(v), dbias(bias), dout(out), dlse(lse);
+        AttentionArgs args = test::attention_args(dq, dk, dv);
+        args.bias = dbias.view;
+        args.dropout_p = p;
+        args.rng = {seed, offset};
+        EXPECT_EQ(forward(args, dout.view, dlse.view, test::only({kSplit})).backend, kSplit);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        dout.copy_to(out);
+        std::int64_t dropped = 0;
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          for (std::int64_t i = 0; i < Lq; ++i) {
+            for (std::int64_t e = 0; e < D; ++e) {
+              const bool keep = dropout_keep(seed, offset, p, Hq, 0, h, i, w0 + e);
+              const double got = out.get((h * Lq + i) * D + e);
+              // Kept: keep_scale/W to the dtype's precision (the splits' weights round in
+              // fp32); dropped: exactly 0.
+              ASSERT_TRUE(keep ? std::abs(got - kept) <= 1e-2 * kept : got == 0.0)
+                  << "head " << h << " query " << i << " key " << w0 + e << ": out " << got
+                  << ", the mask " << (keep ? "keeps" : "drops") << " it";
+              dropped += keep ? 0 : 1;
+            }
+          }
+        }
+        EXPECT_GT(dropped, 0);  // 24·D draws at p = 0.17
       }
     }
-    for (std::int64_t j = 0; j < Lk; ++j) {
-      bias.set(j, j >= w0 && j < w0 + 128 ? 0.0 : -std::numeric_limits<double>::infinity());
-    }
-    HostTensor out(DType::bf16, {1, Hq, Lq, D}), lse(DType::f32, {1, Hq, Lq});
-    test::poison(out);
-    DeviceTensor dq(q), dk(k), dv(v), dbias(bias), dout(out), dlse(lse);
-    AttentionArgs args = test::attention_args(dq, dk, dv);
-    args.bias = dbias.view;
-    args.dropout_p = p;
-    args.rng = {seed, offset};
-    EXPECT_EQ(forward(args, dout.view, dlse.view, test::only({kSplit})).backend, kSplit);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dout.copy_to(out);
-    std::int64_t dropped = 0;
-    for (std::int64_t h = 0; h < Hq; ++h) {
-      for (std::int64_t i = 0; i < Lq; ++i) {
-        for (std::int64_t e = 0; e < D; ++e) {
-          const bool keep = dropout_keep(seed, offset, p, Hq, 0, h, i, w0 + e);
-          const double got = out.get((h * Lq + i) * D + e);
-          // Kept: keep_scale/128 to bf16's precision (the splits' weights round in fp32);
-          // dropped: exactly 0.
-          ASSERT_TRUE(keep ? std::abs(got - kept) <= 1e-2 * kept : got == 0.0)
-              << "window " << w0 << " head " << h << " query " << i << " key " << w0 + e << ": out "
-              << got << ", the mask " << (keep ? "keeps" : "drops") << " it";
-          dropped += keep ? 0 : 1;
-        }
-      }
-    }
-    EXPECT_GT(dropped, 0) << "window " << w0;  // 3072 draws at p = 0.17
   }
 }
 
