@@ -9,7 +9,8 @@
 # (default "flash cudnn") picks the peers; BASELINE_BIN=DIR (an older build) benches it beside
 # this one, twice each, in the same call. SKIP_CHECKS=1 skips the tests, sanitizers and runs
 # (a second call on a warm machine that only measures), SKIP_BENCH=1 everything after them;
-# SKIP_SOAK=1 skips the soak run, SOAK_CALLS=N sets its calls (default 10000). bench/gpu_python.sh
+# SKIP_SOAK=1 skips the soak run, SOAK_CALLS=N sets its calls (default 10000), SKIP_SPLITKV=1 the
+# decode shapes of bench/splitkv_decode.sh. bench/gpu_python.sh
 # is the PyTorch package's half.
 set -uo pipefail
 # Every step has a time limit, so a hang costs that step and not the whole call.
@@ -44,6 +45,9 @@ small+=":CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
 # The packed and global-coordinate paths.
 small+=":Backends/CudaPacked.BadOffsetsOnTheDeviceAreNamed/*:Backends/CudaPacked.KeysOfOtherLengths*/*"
 small+=":Backends/CudaGlobalCoordinates.KeyStartsOffTheDropoutBlocks/*"
+# The split-KV forward: every instantiation with dropout, rows without keys, strides.
+small+=":CudaSplitKv.DropoutMaskIsTheDocumentedOneElementByElement"
+small+=":CudaSplitKv.RowsWithoutKeysGiveZeroAndMinusInf:CudaSplitKv.BlhdStridesScalesAndUnequalHeadDims"
 for tool in memcheck racecheck synccheck; do
   step "compute-sanitizer $tool"
   timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
@@ -117,6 +121,11 @@ if [ -s "$out/torch.json" ]; then
     python3 "$(dirname "$0")/compare.py" "$out/memeff_bench_2.json" "$out/torch.json" \
       --baseline "$out/memeff_base_2.json" --markdown "$out/table_vs_base_2.md"
   fi
+fi
+
+if [ -z "${SKIP_SPLITKV:-}" ]; then
+  step "decode shapes: the split-KV forward on and off, PyTorch's SDPA (bench/splitkv_decode.sh)"
+  timeout 900 "$(dirname "$0")/splitkv_decode.sh" "$out/splitkv" "$bin" 2>&1 | tail -n 12
 fi
 
 if [ -n "${SKIP_TUNE:-}" ]; then step "done"; exit 0; fi

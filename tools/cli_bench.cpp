@@ -26,7 +26,8 @@ const char* const kAnchorShapes[] = {"32,12,512,512,64,0", "8,16,2048,2048,128,0
 const char* const kCpuAnchorShapes[] = {"1,4,1024,1024,64,0", "1,8,2048,2048,64,0"};
 
 // One --shapes entry: B,H,Lq,Lk,D,causal[,Hkv], the form of the PyTorch peer script, whose causal
-// field is 0 or 1 (top_left); Hkv < H is grouped-query attention.
+// field is 0 or 1 (top_left, or bottom_right with --causal-align); Hkv < H is grouped-query
+// attention.
 struct BenchShape {
   ShapeConfig config;
   std::string text;
@@ -72,10 +73,15 @@ struct BenchConfig {
   std::int64_t warmup = -1, iters = -1;  // default: by device
   std::uint64_t seed = 0;
   bool deterministic = false;
+  bool forward_only = false;  // time the forward alone (decode shapes)
+  CausalMode causal_align = CausalMode::top_left;  // what a shape's causal 1 means
   BiasPattern bias;  // none by default
 };
 
 int bench(const BenchConfig& bc) {
+  if (bc.causal_align == CausalMode::none) {
+    throw UsageError("--causal-align: expected top_left or bottom_right, got none");
+  }
   std::vector<BenchShape> shapes;
   for (const std::string& t : bc.shapes) shapes.push_back(parse_bench_shape(t));
   const std::vector<double> dropouts =
@@ -111,6 +117,7 @@ int bench(const BenchConfig& bc) {
     for (double p_drop : dropouts) {
       ++index;
       ShapeConfig c = s.config;
+      if (c.causal != CausalMode::none) c.causal = bc.causal_align;
       c.dropout = p_drop;
       c.seed = bc.seed;
       c.dtype = bc.dtype;
@@ -122,6 +129,7 @@ int bench(const BenchConfig& bc) {
                   {"Lk", c.lk()},
                   {"D", c.D},
                   {"causal", c.causal != CausalMode::none},
+                  {"causal_mode", causal_mode_name(c.causal)},
                   {"dropout", p_drop},
                   {"bias", c.bias.text()},
                   {"dtype", dtype_name(c.dtype_on(device.type))}};
@@ -133,13 +141,14 @@ int bench(const BenchConfig& bc) {
         const AttentionArgs args = d.args();
         const BackwardTensors grads = d.grads();
         const Buffer ws_f(device, workspace_size(args, Pass::forward, options));
-        const Buffer ws_b(device, workspace_size(args, Pass::backward, options));
+        const Buffer ws_b(device,
+                          bc.forward_only ? 0 : workspace_size(args, Pass::backward, options));
         const Options fo = with_workspace(options, ws_f), bo = with_workspace(options, ws_b);
 
         synchronize(device);
         const std::size_t free_before = device_free_bytes(device);
         const CallInfo fi = forward(args, grads.out, grads.lse, fo);
-        const CallInfo bi = backward(args, grads, bo);
+        const CallInfo bi = bc.forward_only ? CallInfo{} : backward(args, grads, bo);
         synchronize(device);
         const std::size_t free_after = device_free_bytes(device);
         const double drop_mib = free_before > free_after ? static_cast<double>(free_before - free_after) / kMiB : 0.0;
@@ -147,7 +156,7 @@ int bench(const BenchConfig& bc) {
                      label, fi.backend.c_str(), static_cast<long long>(iters));
         for (std::int64_t i = 0; i < warmup; ++i) {
           forward(args, grads.out, grads.lse, fo);
-          backward(args, grads, bo);
+          if (!bc.forward_only) backward(args, grads, bo);
         }
         std::vector<double> tf, tb;
         for (std::int64_t i = 0; i < iters; ++i) {
@@ -156,7 +165,7 @@ int bench(const BenchConfig& bc) {
           forward(args, grads.out, grads.lse, fo);
           tf.push_back(timer.stop());
         }
-        for (std::int64_t i = 0; i < iters; ++i) {
+        for (std::int64_t i = 0; i < iters && !bc.forward_only; ++i) {
           flusher.flush();
           timer.start();
           backward(args, grads, bo);
@@ -224,7 +233,8 @@ events, median. Progress on stderr, one line per row on stdout.
 )");
   app->add_option(
          "--shapes", bc->shapes,
-         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1; Hkv < H: grouped-query attention;\n"
+         "shapes B,H,Lq,Lk,D,causal[,Hkv] (causal 0 or 1, aligned by --causal-align;\n"
+         "Hkv < H: grouped-query attention;\n"
          "default on cuda: the five anchor shapes of ANCHORS.md,\n"
          "32,12,512,512,64,0 8,16,2048,2048,128,0 8,16,2048,2048,128,1 4,32,4096,4096,64,1\n"
          "1,16,16384,16384,128,1; on cpu: ANCHORS.md's CPU shapes 1,4,1024,1024,64,0 "
@@ -247,6 +257,11 @@ events, median. Progress on stderr, one line per row on stdout.
             "none, full or a pattern over [B, H, Lq, Lk] such as 1hqk or b11k", "PATTERN",
             "an additive bias on every row: none (default), full (= bhqk) or a broadcast pattern\n"
             "over [B,H,Lq,Lk] (a 1 marks a broadcast dim, e.g. b11k, 11qk); dbias is computed");
+  add_causal(*app, "--causal-align", bc->causal_align,
+             "the causal mask of shapes with causal 1: top_left (default, as PyTorch's is_causal) or\n"
+             "bottom_right (decode and chunked prefill: the last query sees every key)");
+  app->add_flag("--forward-only", bc->forward_only,
+                "time the forward alone (decode shapes; bwd_ms is then 0)");
   app->add_flag("--deterministic", bc->deterministic,
                 "time the bitwise-repeatable backward (Options::deterministic)");
   app->add_option("--json", bc->json_path,

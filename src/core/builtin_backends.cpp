@@ -13,6 +13,7 @@ std::vector<std::shared_ptr<Backend>> builtin_backends() {
   all.push_back(make_cuda_sm90_backend());
   all.push_back(make_cuda_backend());
   all.push_back(make_cuda_math_backend());
+  all.push_back(make_cuda_splitkv_backend());
 #endif
   return all;
 }

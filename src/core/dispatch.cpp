@@ -94,18 +94,52 @@ ScopedBackends::~ScopedBackends() { t_guard_stack.pop_back(); }
 
 namespace detail {
 
-HeuristicOrder default_order(const Problem& problem) {
+// Whether a CUDA forward is decode-like (few query rows per kv head over many keys), where the
+// split-KV forward beats the fused kernels; `why` says so with the numbers. The fused forwards
+// tile 128 query rows of one head per CTA: with group·Lq rows per kv head at most
+// kSplitKvMaxRows, most MMA rows are padding, each kv head's K/V is read once per query head,
+// and only B·Hq CTAs run. Thresholds to be tuned from bench/splitkv_decode.sh (issue 24).
+constexpr std::int64_t kSplitKvMaxRows = 64;         // Lq·Hq/Hkv
+constexpr std::int64_t kSplitKvMinKeys = 512;        // below, one fused CTA per head is short
+constexpr std::int64_t kSplitKvMaxFusedCtas = 4096;  // above, the fused grid fills the GPU
+bool prefers_split_kv(const Problem& p, std::string& why) {
+  if (p.packed || p.Hkv <= 0 || p.Lq <= 0) return false;
+  const std::int64_t rows = p.Lq * p.group_size();
+  const std::int64_t fused_ctas = p.B * p.Hq * ((p.Lq + 127) / 128);
+  if (rows > kSplitKvMaxRows || p.Lk < kSplitKvMinKeys || fused_ctas > kSplitKvMaxFusedCtas) {
+    return false;
+  }
+  why = "few queries per kv head (Lq·Hq/Hkv = " + std::to_string(rows) +
+        " <= " + std::to_string(kSplitKvMaxRows) + " rows over Lk = " + std::to_string(p.Lk) +
+        " >= " + std::to_string(kSplitKvMinKeys) + " keys; the fused forwards would launch " +
+        std::to_string(fused_ctas) + " CTAs of 128 rows): the split-KV forward first, then ";
+  return true;
+}
+
+HeuristicOrder default_order(const Problem& problem, Pass pass) {
   HeuristicOrder h;
   if (problem.device.type == DeviceType::cuda) {
     // The Hopper-native kernels ("cuda_sm90": TMA, wgmma, warp specialization) lead where they
     // run (compute capability 9.0; the backward for head dims up to 128); then the fused mma.sync
     // kernels ("cuda"), which never materialize Lq×Lk and beat cuda_math on every shape measured,
-    // down to 32×32 scores (docs/benchmarks.md: 0.011 ms against cuda_math's 0.143 ms forward on the
-    // H200). cuda_math (cuBLAS + softmax kernel, fp32 Lq×Lk buffers) is the fallback for what the
-    // fused kernels refuse (fp32 inputs, head dims they do not instantiate, misaligned strides).
-    // MEMEFF_AUTOTUNE=1 measures each shape instead.
+    // down to 32×32 scores (docs/benchmarks.md: 0.011 ms against cuda_math's 0.143 ms forward on
+    // the H200). cuda_math (cuBLAS + softmax kernel, fp32 Lq×Lk buffers) is the fallback for what
+    // the fused kernels refuse (fp32 inputs, head dims they do not instantiate, misaligned
+    // strides). The split-KV forward ("cuda_splitkv", forward only) leads for decode-like forwards
+    // and is last otherwise. MEMEFF_AUTOTUNE=1 measures each shape instead.
     h.order = {"cuda_sm90", "cuda", "cuda_math"};
     h.why = "Hopper kernels first, then the mma.sync kernels, cuda_math as the fallback";
+    std::string split_why;
+    if (pass == Pass::forward && prefers_split_kv(problem, split_why)) {
+      h.order.insert(h.order.begin(), "cuda_splitkv");
+      h.why = split_why + h.why;
+    } else {
+      h.order.push_back("cuda_splitkv");
+      h.why += "; cuda_splitkv last (" +
+               std::string(pass == Pass::forward ? "it leads only for few queries per kv head"
+                                                 : "forward only") +
+               ")";
+    }
   } else {
     // The tiled cpu backend first; the double-precision reference supports everything and is
     // the last resort.
@@ -122,7 +156,7 @@ HeuristicOrder default_order(const Problem& problem) {
   return h;
 }
 
-ResolvedOrder resolve_order(const Problem& problem, const Options& options,
+ResolvedOrder resolve_order(const Problem& problem, Pass pass, const Options& options,
                             const std::vector<std::shared_ptr<Backend>>& registered) {
   ResolvedOrder r;
   if (!options.backends.empty()) {
@@ -135,7 +169,7 @@ ResolvedOrder resolve_order(const Problem& problem, const Options& options,
     r.order = std::move(env);
     r.source = "MEMEFF_BACKENDS";
   } else {
-    HeuristicOrder h = default_order(problem);
+    HeuristicOrder h = default_order(problem, pass);
     r.order = std::move(h.order);
     r.heuristic_why = std::move(h.why);
     r.source = "default";
@@ -150,7 +184,7 @@ Decision decide(const Problem& problem, Pass pass, const Options& options) {
   ex.problem = problem;
   ex.pass = pass;
 
-  ResolvedOrder resolved = resolve_order(problem, options, registered);
+  ResolvedOrder resolved = resolve_order(problem, pass, options, registered);
   ex.order = std::move(resolved.order);
   ex.order_source = std::move(resolved.source);
   const std::string heuristic_why = std::move(resolved.heuristic_why);
@@ -278,7 +312,7 @@ OrderRef order_ref(const Options& options) {
 // decide()'s choice without its report: the first backend of the order with no reasons, or null.
 std::shared_ptr<Backend> first_eligible(const Problem& problem, Pass pass, const Options& options) {
   const std::vector<std::shared_ptr<Backend>> registered = registry_snapshot();
-  const ResolvedOrder resolved = resolve_order(problem, options, registered);
+  const ResolvedOrder resolved = resolve_order(problem, pass, options, registered);
   for (const std::string& name : resolved.order) {
     for (const auto& backend : registered) {
       if (backend->name() != name) continue;

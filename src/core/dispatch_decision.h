@@ -31,12 +31,12 @@ void log_decision(const Explanation& ex);
 // ErrorCode::unsupported listing the order walked and every backend with its reasons.
 [[noreturn]] void throw_unsupported(const Explanation& ex);
 
-// The per-device default order and why it is what it is (one sentence).
+// The per-device default order of a pass and why it is what it is (one sentence).
 struct HeuristicOrder {
   std::vector<std::string> order;
   std::string why;
 };
-HeuristicOrder default_order(const Problem& problem);
+HeuristicOrder default_order(const Problem& problem, Pass pass = Pass::forward);
 
 // The order a call walks and where it comes from ("options", "scoped guard", "MEMEFF_BACKENDS",
 // "default"; heuristic_why only for the default). Throws for a MEMEFF_BACKENDS naming an
@@ -46,7 +46,7 @@ struct ResolvedOrder {
   std::string source;
   std::string heuristic_why;
 };
-ResolvedOrder resolve_order(const Problem& problem, const Options& options,
+ResolvedOrder resolve_order(const Problem& problem, Pass pass, const Options& options,
                             const std::vector<std::shared_ptr<Backend>>& registered);
 
 struct Decision {

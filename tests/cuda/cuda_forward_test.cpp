@@ -23,6 +23,7 @@
 #include "memeff/dispatch.h"
 #include "memeff/error.h"
 #include "common/kernel_case.h"
+#include "cuda/forward_check.h"
 
 namespace memeff {
 namespace {
@@ -34,47 +35,13 @@ using test::Layout;
 
 constexpr CausalMode kTopLeft = CausalMode::top_left, kBottomRight = CausalMode::bottom_right;
 
-// The backend's out and lse (copied back from the device) and the reference's.
-struct Result {
-  HostTensor out, lse;
-  test::KernelReference ref;
-};
+using Result = test::ForwardResult;
 
 Result run_case(const KernelCase& c, std::uint64_t data_seed) {
-  const test::KernelInputs in(c, data_seed, /*with_dout=*/false);
-  HostTensor out(c.dtype, {c.B, c.Hq, c.Lq, c.dv()}, c.layout), lse(DType::f32, {c.B, c.Hq, c.Lq});
-  test::poison(out);
-  test::poison(lse);
-  DeviceTensor q(in.q), k(in.k), v(in.v), d_out(out), d_lse(lse);
-  std::optional<DeviceTensor> bias;
-  if (in.bias) bias.emplace(*in.bias);
-  const AttentionArgs args =
-      c.args(q.view, k.view, v.view, bias ? std::optional(bias->view) : std::nullopt);
-  const CallInfo info = forward(args, d_out.view, d_lse.view, test::only({c.backend}));
-  EXPECT_EQ(info.backend, c.backend);
-  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("kernel failed");
-  d_out.copy_to(out);
-  d_lse.copy_to(lse);
-  return {out, lse, test::KernelReference(c, in)};
+  return test::run_forward_case(c, data_seed);
 }
 
-void expect_matches(const KernelCase& c, const Result& r) {
-  test::expect_close(r.out, r.ref.out, test::forward_tolerance(c.dtype, std::max(c.D, c.Lk)),
-                     c.describe() + ": out");
-  // lse: fp32 from fp32 scores; -inf exactly where the reference has it.
-  double worst = 0.0;
-  std::int64_t worst_i = -1;
-  for (std::int64_t i = 0; i < r.lse.numel(); ++i) {
-    const double a = r.lse.get(i), e = r.ref.lse.get(i);
-    if (std::isinf(e) || std::isinf(a) || std::isnan(a)) {
-      EXPECT_EQ(a, e) << c.describe() << ": lse[" << i << "]";
-      continue;
-    }
-    const double err = std::abs(a - e) / (1.0 + std::abs(e));
-    if (err > worst) worst = err, worst_i = i;
-  }
-  EXPECT_LE(worst, 2e-5) << c.describe() << ": lse differs at flat index " << worst_i;
-}
+void expect_matches(const KernelCase& c, const Result& r) { test::expect_forward_matches(c, r); }
 
 void check_case(const KernelCase& c, std::uint64_t data_seed = 7) {
   SCOPED_TRACE(c.describe());

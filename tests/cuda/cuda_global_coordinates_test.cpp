@@ -1,5 +1,6 @@
 // Global coordinates (AttentionArgs::q_start, k_start, kv_block: the block calls of context
-// parallelism, docs/context_parallel.md) on the CUDA backends (`cuda`, `cuda_sm90`, `cuda_math`):
+// parallelism, docs/context_parallel.md) on the CUDA backends (`cuda`, `cuda_sm90`, `cuda_math`,
+// and the forward-only `cuda_splitkv`, followed by the `cuda` backward):
 // the mask read off the outputs is the map's at the global rows and keys, in the forward's and
 // the backward's orientation, up to the map's last rows and keys; block calls (starts, causal
 // shifts of both signs, fully hidden blocks, kv_block with a larger attention's out and lse,
@@ -76,6 +77,10 @@ struct DeviceCase : test::DeviceTensors {
 class CudaGlobalCoordinates : public test::PerBackend {
  protected:
   bool fused() const { return GetParam() != "cuda_math"; }
+  // The backend of the backward: the forward-only cuda_splitkv is followed by the fused "cuda".
+  std::string backward_backend() const {
+    return GetParam() == "cuda_splitkv" ? "cuda" : GetParam();
+  }
 
   // Forward and backward of one block call on the backend against the reference in double on
   // the same rounded inputs. The backward takes the block's own out and lse, or with kv_block a
@@ -116,7 +121,7 @@ class CudaGlobalCoordinates : public test::PerBackend {
 
     dev.out.upload(out_b);
     dev.lse.upload(lse_b);
-    EXPECT_EQ(backward(a, dev.grads(), only({GetParam()})).backend, GetParam());
+    EXPECT_EQ(backward(a, dev.grads(), only({backward_backend()})).backend, backward_backend());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     test::expect_near_reference(dev.dq.to_host(c.dq), r.dq, cfg.dtype, "dq");
     test::expect_near_reference(dev.dk.to_host(c.dk), r.dk, cfg.dtype, "dk");
@@ -150,7 +155,7 @@ TEST_P(CudaGlobalCoordinates, MaskIsTheMapsAtTheGlobalRowsAndKeys) {
       DeviceCase dev(c);
       const AttentionArgs a = dev.args(c, s);
       EXPECT_EQ(forward(a, dev.out.view, dev.lse.view, only({GetParam()})).backend, GetParam());
-      EXPECT_EQ(backward(a, dev.grads(), only({GetParam()})).backend, GetParam());
+      EXPECT_EQ(backward(a, dev.grads(), only({backward_backend()})).backend, backward_backend());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const HostTensor out = dev.out.to_host(c.out), dv = dev.dv.to_host(c.dv);
       const std::int64_t shift = s.q_start - s.k_start;
@@ -242,7 +247,8 @@ TEST_P(CudaGlobalCoordinates, KeyStartsOffTheDropoutBlocks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaGlobalCoordinates,
-                         ::testing::Values("cuda", "cuda_sm90", "cuda_math"), test::backend_name);
+                         ::testing::Values("cuda", "cuda_sm90", "cuda_math", "cuda_splitkv"),
+                         test::backend_name);
 
 }  // namespace
 }  // namespace memeff

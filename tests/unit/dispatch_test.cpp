@@ -221,24 +221,26 @@ TEST_F(DispatchTest, DefaultOrderIsTheDeviceHeuristicThenOtherBackendsOfTheDevic
   EXPECT_TRUE(report_of(ex, "fake_gpu") && !report_of(ex, "fake_gpu")->eligible);
 }
 
-// The CUDA default order is fixed: the Hopper kernels, then the mma.sync fused kernels on every
-// shape (measured faster down to 32×32 scores), cuda_math third; shapes, dtypes and flags do not
-// change it (MEMEFF_AUTOTUNE is what adapts to a shape), while the device does.
+// The CUDA default order: the Hopper kernels, then the mma.sync fused kernels on every shape
+// (measured faster down to 32×32 scores), cuda_math third and the split-KV forward last; shapes,
+// dtypes and flags outside the decode rule do not change it (MEMEFF_AUTOTUNE is what adapts to a
+// shape), while the device does.
 TEST_F(DispatchTest, CudaHeuristicPutsTheHopperThenTheFusedKernelsFirstOnEveryShape) {
   Problem base;
   base.device = Device::cuda(0);
   base.B = 2, base.Hq = base.Hkv = 8, base.Lq = base.Lk = 512, base.D = base.Dv = 64;
   const std::vector<std::string> order = detail::default_order(base).order;
-  ASSERT_GE(order.size(), 3u);
+  ASSERT_GE(order.size(), 4u);
   EXPECT_EQ(order[0], "cuda_sm90");
   EXPECT_EQ(order[1], "cuda");
   EXPECT_EQ(order[2], "cuda_math");
+  EXPECT_EQ(order[3], "cuda_splitkv");
   EXPECT_NE(std::find(order.begin(), order.end(), "fake_gpu"), order.end());
   EXPECT_EQ(std::find(order.begin(), order.end(), "fake_small_d"), order.end());
   const std::vector<std::function<void(Problem&)>> variations = {
       [](Problem& p) { p.Lq = p.Lk = 1; },
       [](Problem& p) { p.Lq = p.Lk = 16; },
-      [](Problem& p) { p.Lq = 17, p.Lk = 4096; },
+      [](Problem& p) { p.Lq = 65, p.Lk = 4096; },
       [](Problem& p) { p.D = p.Dv = 256; },
       [](Problem& p) { p.dtype = DType::bf16; },
       [](Problem& p) { p.causal = CausalMode::bottom_right; },
@@ -248,10 +250,59 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheHopperThenTheFusedKernelsFirstOnEverySh
     Problem p = base;
     vary(p);
     EXPECT_EQ(detail::default_order(p).order, order) << p.describe();
+    EXPECT_EQ(detail::default_order(p, Pass::backward).order, order) << p.describe();
   }
   Problem on_cpu = base;
   on_cpu.device = Device::cpu();
   EXPECT_EQ(detail::default_order(on_cpu).order.at(0), "cpu");
+}
+
+// Decode-like forwards (few query rows per kv head: Lq·Hq/Hkv <= 64, over Lk >= 512 keys, with a
+// fused grid that does not fill the GPU by itself) put the split-KV forward first and say why;
+// their backward keeps the fused order (the split path is forward only), and packed calls,
+// short key ranges and wide query groups keep the fused kernels first.
+TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHead) {
+  Problem decode;
+  decode.device = Device::cuda(0);
+  decode.B = 8, decode.Hq = 32, decode.Hkv = 8, decode.Lq = 1, decode.Lk = 8192;
+  decode.D = decode.Dv = 128;
+  decode.dtype = DType::bf16;
+  const detail::HeuristicOrder h = detail::default_order(decode, Pass::forward);
+  ASSERT_GE(h.order.size(), 4u);
+  EXPECT_EQ(h.order[0], "cuda_splitkv");
+  EXPECT_EQ(h.order[1], "cuda_sm90");
+  EXPECT_TRUE(contains(h.why, "Lq·Hq/Hkv = 4")) << h.why;
+  EXPECT_TRUE(contains(h.why, "Lk = 8192")) << h.why;
+  EXPECT_TRUE(contains(h.why, "256 CTAs")) << h.why;
+  EXPECT_EQ(detail::default_order(decode, Pass::backward).order.at(0), "cuda_sm90");
+  EXPECT_TRUE(contains(detail::default_order(decode, Pass::backward).why, "forward only"));
+
+  const std::vector<std::pair<const char*, std::function<void(Problem&)>>> taken = {
+      {"16 queries over 32768 keys, group 4", [](Problem& p) { p.Lq = 16, p.Lk = 32768; }},
+      {"64 rows exactly", [](Problem& p) { p.Lq = 8, p.Hkv = 4; }},
+      {"512 keys exactly", [](Problem& p) { p.Lk = 512; }},
+      {"no GQA, hd64", [](Problem& p) { p.B = 16, p.Hq = p.Hkv = 16, p.D = p.Dv = 64; }},
+      {"chunked prefill", [](Problem& p) { p.Lq = 4, p.causal = CausalMode::bottom_right; }},
+      {"dropout", [](Problem& p) { p.dropout = dropout_threshold(0.1); }},
+  };
+  for (const auto& [what, vary] : taken) {
+    Problem p = decode;
+    vary(p);
+    EXPECT_EQ(detail::default_order(p, Pass::forward).order.at(0), "cuda_splitkv") << what;
+  }
+  const std::vector<std::pair<const char*, std::function<void(Problem&)>>> not_taken = {
+      {"68 rows", [](Problem& p) { p.Lq = 17; }},
+      {"511 keys", [](Problem& p) { p.Lk = 511; }},
+      {"packed", [](Problem& p) { p.packed = true; }},
+      {"a fused grid of 8192 CTAs", [](Problem& p) { p.B = 256; }},
+  };
+  for (const auto& [what, vary] : not_taken) {
+    Problem p = decode;
+    vary(p);
+    const std::vector<std::string> order = detail::default_order(p, Pass::forward).order;
+    EXPECT_EQ(order.at(0), "cuda_sm90") << what;
+    EXPECT_EQ(order.at(3), "cuda_splitkv") << what;
+  }
 }
 
 TEST_F(DispatchTest, ScopedGuardsNestAndOptionsStillWin) {

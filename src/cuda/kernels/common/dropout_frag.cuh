@@ -14,8 +14,17 @@
 #include <cstdint>
 
 #include "core/dropout_map.h"
+#include "cuda/kernels/common/params.h"
 
 namespace memeff::cuda {
+
+// The Philox key of a call's mask: seed and offset from the params, or from device memory where
+// the params point there (CUDA-graph replays).
+__device__ __forceinline__ detail::DropoutKey dropout_key_of(const ForwardParams& p) {
+  const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+  const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+  return detail::dropout_key(seed, offset);
+}
 
 // Keep bits of one call with threshold in [1, 255]: bit k set when byte k < threshold.
 // (threshold 256 means no dropout; callers skip the whole path then.)

@@ -16,6 +16,22 @@
 
 namespace memeff::cuda {
 
+// One row (half hh: row g or g + 8) of a score fragment whose columns start at absolute key n0:
+// columns j >= j_limit become -inf (j_limit: the row's first invisible key).
+template <int kNT>
+__device__ __forceinline__ void mask_row(float (&s)[kNT][4], int hh, std::int64_t j_limit,
+                                         std::int64_t n0, int t) {
+  // Visible columns of this lane within the fragment: 8n + e < lim.
+  const int lim = static_cast<int>(
+      max(min(j_limit - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (8 * n + e >= lim) s[n][2 * hh + e] = -INFINITY;
+    }
+}
+
 // Rows row0 (thread's row g) and row0 + 8; columns start at absolute key n0. Query i sees key j
 // iff j < Lk and, when causal, j <= i + causal_shift.
 template <int kNT>
@@ -25,16 +41,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[kNT][4], std::int64_t row
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const std::int64_t i = row0 + 8 * hh;
-    const std::int64_t j_limit = causal ? min(Lk, i + causal_shift + 1) : Lk;
-    // Visible columns of this lane within the fragment: 8n + e < lim.
-    const int lim = static_cast<int>(
-        max(min(j_limit - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (8 * n + e >= lim) s[n][2 * hh + e] = -INFINITY;
-      }
+    mask_row(s, hh, causal ? min(Lk, i + causal_shift + 1) : Lk, n0, t);
   }
 }
 
@@ -80,6 +87,23 @@ __device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::
                  : to_float<T>(static_cast<const T*>(bias)[index]);
 }
 
+// s = scale·s + bias(i, j) for one row (half hh) of a fragment: `row_base` is the offset of the
+// row's (b, h, i) in the bias; its bias is read only when `row_valid` and j < Lk (0 otherwise).
+template <class T, int kNT>
+__device__ __forceinline__ void add_scaled_bias_row(float (&s)[kNT][4], int hh, const void* bias,
+                                                    bool is_fp32, std::int64_t row_base,
+                                                    bool row_valid, std::int64_t n0, int t,
+                                                    std::int64_t Lk, float scale) {
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const std::int64_t j = n0 + 8 * n + 2 * t + e;
+      const float bv = (row_valid && j < Lk) ? load_bias<T>(bias, is_fp32, row_base + j) : 0.0f;
+      s[n][2 * hh + e] = fmaf(s[n][2 * hh + e], scale, bv);
+    }
+}
+
 // s = scale·s + bias(i, j) for the fragment's two rows (0 where i >= Lq or j >= Lk). `base` is
 // the offset of (b, h) in the bias, `stride_l` its row stride (0 when broadcast over queries).
 // A NaN or Inf score at a -inf bias entry gives NaN here: the forward clears it after the
@@ -92,15 +116,7 @@ __device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* 
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const std::int64_t i = row0 + 8 * hh;
-    const std::int64_t row_base = base + i * stride_l;
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const std::int64_t j = n0 + 8 * n + 2 * t + e;
-        const float bv = (i < Lq && j < Lk) ? load_bias<T>(bias, is_fp32, row_base + j) : 0.0f;
-        s[n][2 * hh + e] = fmaf(s[n][2 * hh + e], scale, bv);
-      }
+    add_scaled_bias_row<T>(s, hh, bias, is_fp32, base + i * stride_l, i < Lq, n0, t, Lk, scale);
   }
 }
 

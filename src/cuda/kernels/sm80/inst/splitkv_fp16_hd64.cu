@@ -1,0 +1,8 @@
+// The split-KV forward kernels for fp16, head-dim bucket 64 (with and without dropout), and
+// their combine. One file per instantiation, as the fused kernels' inst/ files.
+#include "cuda/kernels/sm80/splitkv_run.cuh"
+
+namespace memeff::cuda::sm80 {
+template void run_splitkv_forward<__half, 64>(const ForwardParams&, const SplitKvPlan&,
+                                              cudaStream_t);
+}  // namespace memeff::cuda::sm80

@@ -1,0 +1,54 @@
+// The split-KV forward (splitkv_kernel.cuh) as the "cuda_splitkv" backend sees it: its reasons,
+// the plan of a call (how many key splits, its workspace) and the launch. An mma.sync kernel of
+// the sm80 family (it reuses the family's tile loads), with a host interface of its own since it
+// has no backward: the fused backward of cuda_sm90 or cuda runs after it (same out and lse).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/reasons.h"
+
+namespace memeff::cuda::sm80 {
+
+// Rows (query heads of a GQA group x queries) per CTA: one m16 tile, so a decode step with a
+// group of 4 wastes 12 of 16 MMA rows instead of 124 of 128.
+inline constexpr int kSplitKvRows = 16;
+
+// How one call is cut: grid = row_blocks · splits · B · Hkv CTAs; split s owns the 64-key blocks
+// [s·blocks_per_split, min((s + 1)·blocks_per_split, key_blocks)) and writes its rows' partial
+// output and lse to the workspace ([splits][B·Hq·Lq][Dv] fp32 and [splits][B·Hq·Lq] fp32).
+struct SplitKvPlan {
+  int row_blocks = 1;        // ceil(group·Lq / kSplitKvRows)
+  int key_blocks = 0;        // 64-key blocks some query sees
+  int splits = 1;            // every split non-empty when key_blocks > 0
+  int blocks_per_split = 0;  // ceil(key_blocks / splits)
+  float* o_partial = nullptr;
+  float* lse_partial = nullptr;
+  std::size_t lse_offset = 0;  // bytes from the workspace's start to lse_partial
+  std::size_t workspace_bytes = 0;
+};
+
+struct SplitKv {
+  static constexpr const char* kBackend = "cuda_splitkv";
+  // Head dims D, Dv: multiples of 8 up to this (64 and 128 buckets).
+  static constexpr int kLargestHeadDim = 128;
+  static std::vector<std::string> forward_reasons(const ForwardParams& p, const DeviceCaps& dev);
+  // The cut of a call on a device with dev.multiprocessors SMs (pointers unset).
+  static SplitKvPlan plan(const ForwardParams& p, const DeviceCaps& dev);
+  // Runs a non-empty call (B·Hq·Lq > 0) whose params passed the reasons; `workspace` holds
+  // plan(p, dev).workspace_bytes, 16-byte aligned.
+  static void forward(const ForwardParams& p, void* workspace, ElemType type, const DeviceCaps& dev,
+                      cudaStream_t stream);
+};
+
+// One instantiation's launches (splitkv_run.cuh; inst/splitkv_*.cu), plan's pointers set.
+template <class T, int kHeadDim>
+void run_splitkv_forward(const ForwardParams& p, const SplitKvPlan& plan, cudaStream_t stream);
+
+}  // namespace memeff::cuda::sm80

@@ -1,0 +1,111 @@
+// The split-KV forward's host interface (splitkv.h): its reasons, the split count and workspace
+// of a call, and the pick of the dtype x head-dim instantiation.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/common/instances.cuh"
+#include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm80/splitkv.h"
+#include "memeff/error.h"
+
+namespace memeff::cuda::sm80 {
+namespace {
+
+using SplitKvHeadDims = HeadDims<64, 128>;
+
+// CTAs a call aims for per SM: with 68 KB of shared memory (hd128) three fit on an H100 SM, so
+// 4 per SM is over two waves of two; the tail of the last wave is short because every split
+// carries the same number of key blocks. To be tuned from bench/splitkv_decode.sh.
+constexpr std::int64_t kTargetCtasPerSm = 4;
+// At most this many splits (the combine reads every split's lse per row; 128 splits of one kv
+// head over 8192 keys would already be a single key block each).
+constexpr std::int64_t kMaxSplits = 128;
+constexpr std::int64_t kKeyBlock = 64;
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+SplitKvPlan SplitKv::plan(const ForwardParams& p, const DeviceCaps& dev) {
+  SplitKvPlan plan;
+  const std::int64_t rows = static_cast<std::int64_t>(p.group) * p.Lq;
+  plan.row_blocks = static_cast<int>(std::max<std::int64_t>(1, ceil_div(rows, kSplitKvRows)));
+  // Keys some query sees: under a causal mask the last query's diagonal bounds them.
+  std::int64_t key_end = p.Lk;
+  if (is_causal(p)) key_end = std::min(key_end, p.Lq + p.causal_shift);
+  key_end = std::max<std::int64_t>(key_end, 0);
+  const std::int64_t key_blocks = ceil_div(key_end, kKeyBlock);
+  plan.key_blocks = static_cast<int>(key_blocks);
+  const std::int64_t base = static_cast<std::int64_t>(plan.row_blocks) * p.B * p.Hkv;
+  const std::int64_t target = kTargetCtasPerSm * std::max(dev.multiprocessors, 1);
+  std::int64_t splits =
+      std::clamp<std::int64_t>(ceil_div(target, std::max<std::int64_t>(base, 1)), 1,
+                               std::max<std::int64_t>(1, std::min(key_blocks, kMaxSplits)));
+  if (key_blocks > 0) {
+    plan.blocks_per_split = static_cast<int>(ceil_div(key_blocks, splits));
+    splits = ceil_div(key_blocks, plan.blocks_per_split);  // none left empty
+  }
+  plan.splits = static_cast<int>(splits);
+  const std::int64_t rows_total = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
+  auto rounded = [](std::int64_t floats) {
+    return static_cast<std::size_t>(ceil_div(floats * 4, 256) * 256);
+  };
+  plan.lse_offset = rounded(splits * rows_total * p.Dv);
+  plan.workspace_bytes = plan.lse_offset + rounded(splits * rows_total);
+  return plan;
+}
+
+std::vector<std::string> SplitKv::forward_reasons(const ForwardParams& p, const DeviceCaps& dev) {
+  std::vector<std::string> reasons;
+  if (dev.major < 8) {
+    reasons.push_back(
+        "needs compute capability 8.0 or newer (mma.sync bf16, cp.async); device has " +
+        std::to_string(dev.major) + "." + std::to_string(dev.minor));
+  }
+  add_common_reasons(reasons, p, kLargestHeadDim);
+  if (packed_layout(p)) {
+    reasons.push_back(
+        "packed (varlen) calls: the split-KV forward runs dense batches only (cuda and cuda_sm90 "
+        "run them)");
+    return reasons;
+  }
+  if (p.Lk > kMaxGridX || p.Lq > kMaxGridX) reasons.push_back("Lq and Lk must be below 2^31");
+  if (reasons.empty()) {
+    const SplitKvPlan pl = plan(p, dev);
+    const std::int64_t ctas = static_cast<std::int64_t>(pl.row_blocks) * pl.splits * p.B * p.Hkv;
+    const std::int64_t rows_total = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
+    if (ctas > kMaxGridX || ceil_div(rows_total, 4) > kMaxGridX) {
+      reasons.push_back("B·Hq·Lq = " + std::to_string(rows_total) +
+                        " rows exceed the grid's 2^31 - 1 blocks");
+    }
+  }
+  return reasons;
+}
+
+void SplitKv::forward(const ForwardParams& p, void* workspace, ElemType type, const DeviceCaps& dev,
+                      cudaStream_t stream) {
+  if (p.Lq == 0 || p.B == 0 || p.Hq == 0) return;
+  SplitKvPlan plan = SplitKv::plan(p, dev);
+  if (workspace == nullptr) {
+    throw Error(ErrorCode::invalid_argument,
+                "argument `workspace`: the cuda_splitkv forward needs " +
+                    std::to_string(plan.workspace_bytes) + " bytes, got a null pointer");
+  }
+  plan.o_partial = static_cast<float*>(workspace);
+  plan.lse_partial =
+      reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.lse_offset);
+  const int bucket = SplitKvHeadDims::bucket_of(std::max(p.D, p.Dv));
+  const bool ran = switch_instance(SplitKvHeadDims{}, type, bucket, [&](auto inst) {
+    using I = decltype(inst);
+    run_splitkv_forward<typename I::T, I::kHeadDim>(p, plan, stream);
+  });
+  if (!ran) {
+    throw Error(ErrorCode::unsupported, "cuda_splitkv forward: head dims D = " +
+                                            std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) +
+                                            " have no kernel (multiples of 8 up to 128)");
+  }
+}
+
+}  // namespace memeff::cuda::sm80
