@@ -102,11 +102,17 @@ namespace detail {
 constexpr std::int64_t kSplitKvMaxRows = 64;         // Lq·Hq/Hkv
 constexpr std::int64_t kSplitKvMinKeys = 512;        // below, one fused CTA per head is short
 constexpr std::int64_t kSplitKvMaxFusedCtas = 4096;  // above, the fused grid fills the GPU
+// Without GQA the fused forward reads each K/V once too, and a grid of a few waves is as fast:
+// measured on an H100, 16 x 16 heads, one query over 4096 keys, hd 64 (256 fused CTAs) ran in
+// 0.104 ms fused and 0.111 ms split (docs/benchmarks.md), so one query head per kv head takes the
+// split path only while the fused grid is under one wave of an H100's 132 SMs.
+constexpr std::int64_t kSplitKvMhaMaxFusedCtas = 128;
 bool prefers_split_kv(const Problem& p, std::string& why) {
   if (p.packed || p.Hkv <= 0 || p.Lq <= 0) return false;
   const std::int64_t rows = p.Lq * p.group_size();
   const std::int64_t fused_ctas = p.B * p.Hq * ((p.Lq + 127) / 128);
-  if (rows > kSplitKvMaxRows || p.Lk < kSplitKvMinKeys || fused_ctas > kSplitKvMaxFusedCtas) {
+  if (rows > kSplitKvMaxRows || p.Lk < kSplitKvMinKeys || fused_ctas > kSplitKvMaxFusedCtas ||
+      (p.group_size() == 1 && fused_ctas > kSplitKvMhaMaxFusedCtas)) {
     return false;
   }
   why = "few queries per kv head (Lq·Hq/Hkv = " + std::to_string(rows) +

@@ -21,13 +21,13 @@
 
 #include "common/attention_case.h"
 #include "common/host_tensor.h"
+#include "common/kernel_case.h"
 #include "cuda/device_tensor.h"
 #include "cuda/kernels/sm80/family.h"
 #include "cuda/kernels/sm90/family.h"
 #include "memeff/attention.h"
 #include "memeff/dispatch.h"
 #include "memeff/error.h"
-#include "common/kernel_case.h"
 
 namespace memeff {
 namespace {
@@ -341,6 +341,34 @@ TEST(CudaBackwardDispatch, HopperBackwardByDefaultWhereItHasATile) {
       const std::string text = explain(args, Pass::backward).to_string();
       EXPECT_NE(text.find("up to 128"), std::string::npos) << text;
     }
+  }
+}
+
+// A bias with scale <= 0: the fused backwards clamp a score before the bias, which needs a
+// positive scale, so they refuse it with a reason and the default order runs cuda_math, whose
+// gradients match the reference (its -inf entries masking whatever the score holds).
+TEST(CudaBackwardDispatch, ABiasWithANonPositiveScaleRunsOnCudaMath) {
+  if (!test::cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  for (double scale : {-0.5, 0.0}) {
+    const KernelCase c{.Lq = 70, .Lk = 90, .bias = "b11k", .scale = scale};
+    SCOPED_TRACE(c.describe());
+    const BwdProblem pr(c, 3);
+    DeviceTensor q(pr.in.q), k(pr.in.k), v(pr.in.v), dout(*pr.in.dout), o(pr.out), lse(pr.ref.lse);
+    DeviceTensor bias(*pr.in.bias);
+    HostTensor hq(c.dtype, {c.B, c.Hq, c.Lq, c.D}), hk(c.dtype, {c.B, c.Hkv, c.Lk, c.D}),
+        hv(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()});
+    DeviceTensor dq(hq), dk(hk), dv(hv);
+    const AttentionArgs args = c.args(q.view, k.view, v.view, bias.view);
+    const std::string text = explain(args, Pass::backward).to_string();
+    EXPECT_NE(text.find("needs a positive scale"), std::string::npos) << text;
+    const CallInfo info =
+        backward(args, {dout.view, o.view, lse.view, dq.view, dk.view, dv.view, {}});
+    EXPECT_EQ(info.backend, "cuda_math");
+    Grads got{hq, hk, hv, std::nullopt};
+    dq.copy_to(got.dq);
+    dk.copy_to(got.dk);
+    dv.copy_to(got.dv);
+    expect_grads_match(c, got, pr.ref);
   }
 }
 

@@ -1,17 +1,16 @@
 // Dispatch as a specification: which backend runs for a table of argument sets, why the others
 // do not, how the user's order (options > scoped guard > MEMEFF_BACKENDS > default) is obeyed,
 // the error that lists every backend's reasons, explain()'s text and JSON, and the dispatch log.
-#include "core/dispatch_decision.h"
+#include "memeff/dispatch.h"
 
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,9 +18,9 @@
 #include "common/call_helpers.h"
 #include "common/fake_backend.h"
 #include "common/host_tensor.h"
+#include "core/dispatch_decision.h"
 #include "memeff/attention.h"
 #include "memeff/backend.h"
-#include "memeff/dispatch.h"
 #include "memeff/error.h"
 
 namespace memeff {
@@ -258,7 +257,8 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheHopperThenTheFusedKernelsFirstOnEverySh
 }
 
 // Decode-like forwards (few query rows per kv head: Lq·Hq/Hkv <= 64, over Lk >= 512 keys, with a
-// fused grid that does not fill the GPU by itself) put the split-KV forward first and say why;
+// fused grid that does not fill the GPU by itself, under one wave without GQA) put the split-KV
+// forward first and say why;
 // their backward keeps the fused order (the split path is forward only), and packed calls,
 // short key ranges and wide query groups keep the fused kernels first.
 TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHead) {
@@ -281,7 +281,7 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHe
       {"16 queries over 32768 keys, group 4", [](Problem& p) { p.Lq = 16, p.Lk = 32768; }},
       {"64 rows exactly", [](Problem& p) { p.Lq = 8, p.Hkv = 4; }},
       {"512 keys exactly", [](Problem& p) { p.Lk = 512; }},
-      {"no GQA, hd64", [](Problem& p) { p.B = 16, p.Hq = p.Hkv = 16, p.D = p.Dv = 64; }},
+      {"no GQA, 32 heads", [](Problem& p) { p.B = 1, p.Hq = p.Hkv = 32, p.Lk = 32768; }},
       {"chunked prefill", [](Problem& p) { p.Lq = 4, p.causal = CausalMode::bottom_right; }},
       {"dropout", [](Problem& p) { p.dropout = dropout_threshold(0.1); }},
   };
@@ -295,6 +295,7 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHe
       {"511 keys", [](Problem& p) { p.Lk = 511; }},
       {"packed", [](Problem& p) { p.packed = true; }},
       {"a fused grid of 8192 CTAs", [](Problem& p) { p.B = 256; }},
+      {"no GQA, 256 heads", [](Problem& p) { p.B = 16, p.Hq = p.Hkv = 16, p.D = p.Dv = 64; }},
   };
   for (const auto& [what, vary] : not_taken) {
     Problem p = decode;

@@ -29,6 +29,7 @@ which calls ran where and why.
 """
 
 import contextlib
+import inspect
 import logging
 import math
 import warnings
@@ -523,11 +524,15 @@ def register_kernels(slots: Sequence[str] = ("flash",), dispatch_key: str = "CUD
     for name in kernels:
         _original[name] = _keep_original(name, dispatch_key)
     library = torch.library.Library("aten", "IMPL")
+    # Torch builds whose Library.impl refuses to replace a kernel registered from Python unless
+    # told (allow_override, off by default there) get told, as newer builds do by default.
+    override = ({"allow_override": True}
+                if "allow_override" in inspect.signature(library.impl).parameters else {})
     with warnings.catch_warnings():
         # Replacing a kernel PyTorch registered is the point; its warning says nothing new.
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for name, fn in kernels.items():
-            library.impl(name, fn, dispatch_key, with_keyset=True)
+            library.impl(name, fn, dispatch_key, with_keyset=True, **override)
     _handle = Handle(library, slots, tuple(kernels))
     return _handle
 

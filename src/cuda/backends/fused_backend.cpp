@@ -1,6 +1,7 @@
 // The fused backends' shared reasons and errors (fused_backend.h).
 #include "cuda/backends/fused_backend.h"
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,15 @@ std::vector<std::string> fused_problem_reasons(const Problem& pb, cuda::DeviceCa
 }
 
 cuda::DeviceCaps device_caps(int device) { return caps_of(cuda::compute_capability(device)); }
+
+void add_fused_backward_reasons(const Problem& pb, std::vector<std::string>& reasons) {
+  if (pb.has_bias && !(pb.scale > 0.0)) {
+    std::ostringstream os;
+    os << "a bias with scale " << pb.scale
+       << " <= 0: the backward's -inf bias masking needs a positive scale";
+    reasons.push_back(os.str());
+  }
+}
 
 void throw_cannot_run(const char* backend, Pass pass, const std::vector<std::string>& reasons) {
   throw Error(ErrorCode::unsupported, std::string(backend) + " " +

@@ -28,6 +28,9 @@ std::vector<std::string> fused_problem_reasons(const Problem& pb, cuda::DeviceCa
 // ErrorCode::unsupported: "<backend> <pass> cannot run these tensors: <reasons>".
 [[noreturn]] void throw_cannot_run(const char* backend, Pass pass,
                                    const std::vector<std::string>& reasons);
+// The backward's reason of every fused family: a bias with scale <= 0 (the kernels clamp a score
+// before they add the bias, which needs scale > 0: common/mask.cuh, bias_safe_score).
+void add_fused_backward_reasons(const Problem& pb, std::vector<std::string>& reasons);
 cuda::DeviceCaps device_caps(int device);
 
 template <class Family>
@@ -44,6 +47,7 @@ class FusedBackend final : public CudaBackendBase {
         pass == Pass::forward ? Family::forward_reasons(cuda::forward_params(pb), caps)
                               : Family::backward_reasons(cuda::backward_params(pb), caps);
     reasons.insert(reasons.end(), family.begin(), family.end());
+    if (pass == Pass::backward) add_fused_backward_reasons(pb, reasons);
     return reasons;
   }
 
@@ -79,8 +83,8 @@ class FusedBackend final : public CudaBackendBase {
     // accumulator).
     if (cuda::backward_empty_edges(pb, g, stream)) return;
     const cuda::BackwardParams p = cuda::backward_params(pb, args, g, options);
-    const std::vector<std::string> reasons =
-        Family::backward_reasons(p, device_caps(pb.device.index));
+    std::vector<std::string> reasons = Family::backward_reasons(p, device_caps(pb.device.index));
+    add_fused_backward_reasons(pb, reasons);
     if (!reasons.empty()) throw_cannot_run(Family::kBackend, Pass::backward, reasons);
     const std::string who = std::string(Family::kBackend) + " backward";
     cuda::Workspace workspace(who.c_str(), Family::backward_workspace_bytes(p), options, stream);

@@ -89,7 +89,10 @@ __device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::
 
 // s = scale·s + bias(i, j) for one row (half hh) of a fragment: `row_base` is the offset of the
 // row's (b, h, i) in the bias; its bias is read only when `row_valid` and j < Lk (0 otherwise).
-template <class T, int kNT>
+// kSelect: -inf where the bias is -inf, whatever s holds (a compare and a select per score, for
+// kernels bound by memory such as the split-KV forward; the fused ones add, and
+// bias_row_repair.cuh repairs what that let through).
+template <class T, int kNT, bool kSelect = false>
 __device__ __forceinline__ void add_scaled_bias_row(float (&s)[kNT][4], int hh, const void* bias,
                                                     bool is_fp32, std::int64_t row_base,
                                                     bool row_valid, std::int64_t n0, int t,
@@ -100,14 +103,16 @@ __device__ __forceinline__ void add_scaled_bias_row(float (&s)[kNT][4], int hh, 
     for (int e = 0; e < 2; ++e) {
       const std::int64_t j = n0 + 8 * n + 2 * t + e;
       const float bv = (row_valid && j < Lk) ? load_bias<T>(bias, is_fp32, row_base + j) : 0.0f;
-      s[n][2 * hh + e] = fmaf(s[n][2 * hh + e], scale, bv);
+      const float x = fmaf(s[n][2 * hh + e], scale, bv);
+      s[n][2 * hh + e] = kSelect && bv == -INFINITY ? bv : x;
     }
 }
 
 // s = scale·s + bias(i, j) for the fragment's two rows (0 where i >= Lq or j >= Lk). `base` is
 // the offset of (b, h) in the bias, `stride_l` its row stride (0 when broadcast over queries).
-// A NaN or Inf score at a -inf bias entry gives NaN here: the forward clears it after the
-// softmax step (clear_bias_masked_nan), the backward clamps the score before it (bias_safe_score).
+// A NaN or Inf score at a -inf bias entry gives NaN here: after a biased fused forward a kernel
+// recomputes the rows whose lse came out NaN (bias_row_repair.cuh); the backwards clamp the score
+// before the bias (bias_safe_score).
 template <class T, int kNT>
 __device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* bias, bool is_fp32,
                                                 std::int64_t base, std::int64_t stride_l,
@@ -120,72 +125,15 @@ __device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* 
   }
 }
 
-// The -inf entries of one row of the bias as bits: bit 2n + e for column 8n + e (< lim) of the
-// lane, the m16n8 C layout's columns, from `row` (the lane's first column). Out of line and on
-// scalars only: it runs only on the rare path of clear_bias_masked_nan, and the hot loop keeps
-// its registers and code size (the whole check inline, with its loads, slowed the biased Hopper
-// forward by about 5%).
-template <class B, int kNT>
-__device__ __noinline__ std::uint32_t bias_minus_inf_bits(const B* row, int lim) {
-  static_assert(kNT <= 16, "one bit per column of the lane: at most 32 columns");
-  std::uint32_t bits = 0;
-  for (int c = 0; c < 2 * kNT; ++c) {
-    const int col = 8 * (c >> 1) + (c & 1);
-    if (col < lim && static_cast<float>(row[col]) == -INFINITY) bits |= 1u << c;
-  }
-  return bits;
-}
-
-// After online_softmax_step on scores add_scaled_bias biased: a key a -inf bias masks never
-// reaches the row (docs/api.md), but a NaN or Inf score there made scale·s + bias NaN, and with it
-// this thread's share of the row sum (the row max, fmaxf, passes over a NaN). Only where a share
-// is NaN (rare: one compare per row and tile on the hot path) are the row's -inf bias entries
-// read (bias_minus_inf_bits), the probabilities there cleared and the share summed again; a NaN
-// at a key the row sees stays. The score array never leaves registers: a call that took it made
-// it live in local memory (+60-73% measured).
-template <class T, int kNT>
-__device__ __forceinline__ void clear_bias_masked_nan(float (&s)[kNT][4], float (&sum)[2],
-                                                      const void* bias, bool is_fp32,
-                                                      std::int64_t base, std::int64_t stride_l,
-                                                      std::int64_t row0, std::int64_t n0, int t,
-                                                      std::int64_t Lq, std::int64_t Lk) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    if (!isnan(sum[hh])) [[likely]] continue;
-    const std::int64_t i = row0 + 8 * hh;
-    if (i >= Lq) continue;  // padded rows are never stored
-    // Columns 8n + e of this lane below lim are keys of the sequence (as in mask_scores).
-    const int lim = static_cast<int>(
-        max(min(Lk - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
-    const std::int64_t first = base + i * stride_l + n0 + 2 * t;
-    const std::uint32_t masked =
-        is_fp32 ? bias_minus_inf_bits<float, kNT>(static_cast<const float*>(bias) + first, lim)
-                : bias_minus_inf_bits<T, kNT>(static_cast<const T*>(bias) + first, lim);
-    float acc = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = s[n][2 * hh + e];
-        if ((masked >> (2 * n + e)) & 1u) x = 0.0f;
-        acc += x;
-      }
-    sum[hh] = acc;
-  }
-}
-
-// The backward's score before scale·s + bias: a NaN or ±Inf score becomes a finite one of the same
-// sign after scaling (NaN: any finite), so a -inf bias entry gives exp(-inf) = 0 there, as the
-// forward's selection does, at one min or max per score. What it changes elsewhere cannot show: a
-// row whose scores reach a NaN or +inf at a key it sees has a NaN lse, and exp(x - NaN) is NaN.
-// `limit` is bias_score_limit(scale).
-__device__ __forceinline__ float bias_safe_score(float s, float limit) {
-  return limit > 0.0f ? fminf(s, limit) : fmaxf(s, limit);
-}
-// +-FLT_MAX / max(1, |scale|), signed as scale: the score bound whose product with scale is finite.
+// The backward's score before scale·s + bias: a NaN or +inf score becomes a finite one, so a -inf
+// bias entry gives exp(-inf) = 0 there, as the forward's selection does, at one min per score.
+// What it changes elsewhere cannot show: a row whose scores reach a NaN or +inf at a key it sees
+// has a NaN lse, and exp(x - NaN) is NaN. Needs scale > 0 (the fused backwards refuse a bias with
+// scale <= 0: -inf·scale would turn over); `limit` is bias_score_limit(scale).
+__device__ __forceinline__ float bias_safe_score(float s, float limit) { return fminf(s, limit); }
+// FLT_MAX / max(1, scale): the largest score whose product with scale is finite.
 __device__ __forceinline__ float bias_score_limit(float scale) {
-  const float bound = 3.4e38f / fmaxf(1.0f, fabsf(scale));
-  return scale < 0.0f ? -bound : bound;
+  return 3.4e38f / fmaxf(1.0f, scale);
 }
 
 }  // namespace memeff::cuda

@@ -278,11 +278,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     for (int mt = 0; mt < kMT; ++mt) {
       float alpha[2], sum[2];
       online_softmax_step(s[mt], row_m[mt], f, alpha, sum);
-      if constexpr (has_bias) {
-        clear_bias_masked_nan<T>(s[mt], sum, p.bias, p.bias_is_fp32,
-                                 b * p.bias_stride.b + h * p.bias_stride.h, p.bias_stride.l,
-                                 m0 + warp_row0 + mt * 16 + g, n0, t, Lq, Lk);
-      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         row_l[mt][hh] = row_l[mt][hh] * alpha[hh] + sum[hh];
@@ -353,9 +348,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       float l = row_l[mt][hh];
       l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
       l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+      const int row = warp_row0 + mt * 16 + g + 8 * hh;
       const bool empty = l == 0.0f;  // no visible key; a NaN l (NaN scores) stays NaN
       const float inv = empty ? 0.0f : keep_scale / l;
-      const int row = warp_row0 + mt * 16 + g + 8 * hh;
       if (t == 0 && m0 + row < Lq) {
         lse_row[m0 + row] = empty ? kNegInf : row_m[mt][hh] * m_to_natural + logf(l);
       }

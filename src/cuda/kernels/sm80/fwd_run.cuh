@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/kernels/common/bias_row_repair.cuh"
 #include "cuda/kernels/common/varlen.cuh"
 #include "cuda/kernels/sm80/fwd_kernel.cuh"
 #include "cuda/kernels/sm80/fwd_traits.cuh"
@@ -43,6 +44,9 @@ void launch_forward_layout(const ForwardParams& params, cudaStream_t stream) {
     launch_forward_kernel<T, Tr, kDropout, true, false>(params, stream);
   } else if (params.bias != nullptr) {
     launch_forward_kernel<T, Tr, kDropout, false, true>(params, stream);
+    // Rows a NaN behind a -inf bias reached (common/bias_row_repair.cuh).
+    launch_bias_row_repair<T>(params, stream);
+    check_launch("bias_row_repair_kernel launch");
   } else {
     launch_forward_kernel<T, Tr, kDropout, false, false>(params, stream);
   }

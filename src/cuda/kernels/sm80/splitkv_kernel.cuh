@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       if (has_bias) {
         const std::int64_t base =
             b * p.bias_stride.b + rw.h * p.bias_stride.h + rw.i * p.bias_stride.l;
-        add_scaled_bias_row<T>(s, hh, p.bias, p.bias_is_fp32, base, rw.valid, n0w, t, p.Lk,
-                               p.scale);
+        // A -inf bias masks the key whatever its score holds (docs/api.md): selected here.
+        add_scaled_bias_row<T, kNT, true>(s, hh, p.bias, p.bias_is_fp32, base, rw.valid, n0w, t,
+                                          p.Lk, p.scale);
       } else if (premul) {
 #pragma unroll
         for (int n = 0; n < kNT; ++n) s[n][2 * hh] *= p.scale, s[n][2 * hh + 1] *= p.scale;

@@ -296,9 +296,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float s[kNT][4];
   float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.0f, 0.0f};
 
-  // Scale, bias, mask and the online softmax of the tile of key block n in s; sum gets this
-  // thread's shares of the tile's row sums (finish_tile adds them to row_l).
-  auto softmax_tile = [&](int n, float(&alpha)[2], float(&sum)[2]) {
+  // Scale, bias, mask and the online softmax of the tile of key block n in s.
+  auto softmax_tile = [&](int n, float(&alpha)[2]) {
     const std::int64_t n0 = static_cast<std::int64_t>(n) * kBlockN;
     if constexpr (kBias) {
       add_scaled_bias<T>(s, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0, t, p.Lq,
@@ -312,16 +311,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const bool need_mask =
         n0 + kBlockN > seq_Lk() || (is_causal(p) && n0 + kBlockN - 1 > m0 + causal_shift);
     if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), is_causal(p), causal_shift);
+    float sum[2];
     online_softmax_step(s, row_m, f, alpha, sum);
-  };
-  // The row sums of the tile of key block n. With a bias, first the rare fix-up of NaN where a
-  // -inf bias masks a NaN or Inf score (mask.cuh), here where the previous P·V is done and its
-  // P fragments no longer hold registers (inside softmax_tile it made the biased kernels spill).
-  auto finish_tile = [&](int n, const float(&alpha)[2], float(&sum)[2]) {
-    if constexpr (kBias) {
-      clear_bias_masked_nan<T>(s, sum, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0,
-                               static_cast<std::int64_t>(n) * kBlockN, t, p.Lq, p.Lk);
-    }
     row_l[0] = row_l[0] * alpha[0] + sum[0];
     row_l[1] = row_l[1] * alpha[1] + sum[1];
   };
@@ -427,9 +418,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wgmma_wait<0>();
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
-        float sum[2];
-        softmax_tile(n_tiles - 1, alpha, sum);  // O is still zero: nothing to rescale
-        finish_tile(n_tiles - 1, alpha, sum);
+        softmax_tile(n_tiles - 1, alpha);  // O is still zero: nothing to rescale
         pack_p();
       }
       for (int it = 1; it < n_tiles; ++it) {
@@ -450,13 +439,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wgmma_wait<1>();  // Q·Kᵀ done; P·V of the previous tile may still run
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
-        float sum[2];
-        softmax_tile(n_tiles - 1 - it, alpha, sum);
+        softmax_tile(n_tiles - 1 - it, alpha);
         wgmma_wait<0>();
         fence_operands(o);
         if (lane == 0) mbar_arrive(v_empty(prev));
         rescale_rows(o, alpha);
-        finish_tile(n_tiles - 1 - it, alpha, sum);
         pack_p();
       }
       {  // the last P·V

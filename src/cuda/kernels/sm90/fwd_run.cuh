@@ -8,6 +8,7 @@
 #include <atomic>
 #include <string>
 
+#include "cuda/kernels/common/bias_row_repair.cuh"
 #include "cuda/kernels/sm90/fwd_kernel.cuh"
 #include "cuda/kernels/sm90/instances.h"
 #include "cuda/kernels/sm90/kernel_setup.h"
@@ -62,6 +63,10 @@ void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream
   } else {
     bias ? launch_forward_kernel<T, Tr, false, true>(params, multiprocessors, stream)
          : launch_forward_kernel<T, Tr, false, false>(params, multiprocessors, stream);
+  }
+  if (bias) {  // rows a NaN behind a -inf bias reached (common/bias_row_repair.cuh)
+    launch_bias_row_repair<T>(params.p, stream);
+    check_launch("bias_row_repair_kernel launch");
   }
 }
 
