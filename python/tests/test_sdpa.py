@@ -137,8 +137,34 @@ def test_rows_that_see_no_key_give_zero(device):
 def test_gqa_needs_enable_gqa(device):
     q = torch.randn(1, 4, 8, 16, device=device)
     k = torch.randn(1, 2, 8, 16, device=device)
-    with pytest.raises(RuntimeError, match="enable_gqa"):
-        mt.scaled_dot_product_attention(q, k, k)
+    # A ValueError, as the README promises for bad arguments, and a RuntimeError, as torch raises.
+    for kind in (ValueError, RuntimeError):
+        with pytest.raises(kind, match="enable_gqa"):
+            mt.scaled_dot_product_attention(q, k, k)
+
+
+@pytest.mark.parametrize("p", [-0.1, float("nan"), 1.0, float("inf")])
+def test_a_bad_dropout_p_is_named(device, p):
+    q = torch.randn(1, 2, 8, 16, device=device)
+    with pytest.raises(ValueError, match=r"argument `dropout_p`: expected a probability in \[0, 1\)"):
+        mt.scaled_dot_product_attention(q, q, q, dropout_p=p)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    packed = q[0].transpose(0, 1).contiguous()
+    with pytest.raises(ValueError, match=r"argument `dropout_p`"):
+        mt.varlen_attention(packed, packed, packed, cu, cu, 8, 8, dropout_p=p)
+
+
+def test_a_misshaped_attn_mask_is_named_as_such(device):
+    q = torch.randn(2, 4, 16, 32, device=device)
+    with pytest.raises(ValueError, match=r"argument `attn_mask`: shape \(2, 4, 16, 15\) does not "
+                                         r"broadcast to the attention scores \[B, Hq, Lq, Lk\] = "
+                                         r"\[2, 4, 16, 16\]"):
+        mt.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(2, 4, 16, 15, device=device))
+    with pytest.raises(ValueError, match=r"argument `attn_mask`"):  # 3 heads against 4
+        mt.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(3, 16, 16, device=device))
+    # what broadcasts still runs: [Lk], [B, 1, 1, Lk], [Lq, 1]
+    for shape in [(16,), (2, 1, 1, 16), (16, 1)]:
+        mt.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(shape, device=device))
 
 
 def test_is_causal_with_mask_is_refused_like_torch(device):

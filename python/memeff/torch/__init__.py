@@ -50,6 +50,7 @@ __all__ = [
     "activate",
     "deactivate",
     "explain_sdpa",
+    "ArgumentError",
 ]
 
 _ops = torch.ops.memeff
@@ -148,6 +149,12 @@ def _draw_rng_state_fake(like, generator=None):
 # The user-facing API.
 
 
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument that torch.nn.functional.scaled_dot_product_attention reports as a
+    RuntimeError: memeff's errors for bad arguments are ValueErrors (README), and this one is
+    both, so code written for either catches it."""
+
+
 def _causal_mode(is_causal: bool, causal, attn_mask) -> str:
     if causal is None or causal is False:
         mode = "none"
@@ -161,7 +168,7 @@ def _causal_mode(is_causal: bool, causal, attn_mask) -> str:
     if is_causal:
         if attn_mask is not None:
             # torch.nn.functional.scaled_dot_product_attention refuses this combination too.
-            raise RuntimeError("memeff: explicit attn_mask should not be set when is_causal=True "
+            raise ArgumentError("memeff: explicit attn_mask should not be set when is_causal=True "
                                "(as in torch); pass causal='top_left' or 'bottom_right' to "
                                "combine a mask with a causal mask")
         if mode == "bottom_right":
@@ -201,6 +208,12 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
         bias = bias.unsqueeze(0)
     if rank == 3:
         bias = bias.unsqueeze(1)
+    # [B, Hq, Lq, Lk] of the scores: say so in terms of attn_mask, not of the bias it becomes.
+    scores = (q.shape[0], q.shape[1], q.shape[2], keys)
+    if any(m != 1 and m != n for m, n in zip(bias.shape, scores)):
+        raise ValueError(f"memeff: argument `attn_mask`: shape {tuple(attn_mask.shape)} does not "
+                         f"broadcast to the attention scores [B, Hq, Lq, Lk] = "
+                         f"{list(scores) if rank == 4 else [scores[0], scores[2], scores[3]]}")
     if bias.shape[-1] == 1 and keys != 1:
         # memeff broadcasts bias over B, H and Lq but stores keys densely.
         bias = bias.expand(*bias.shape[:-1], keys)
@@ -252,7 +265,7 @@ def scaled_dot_product_attention(
                                                       value.unsqueeze(1))
     mode = _causal_mode(is_causal, causal, attn_mask)
     if q.shape[1] != k.shape[1] and not enable_gqa:
-        raise RuntimeError(f"memeff: query has {q.shape[1]} heads and key/value {k.shape[1]}; "
+        raise ArgumentError(f"memeff: query has {q.shape[1]} heads and key/value {k.shape[1]}; "
                            f"pass enable_gqa=True for grouped-query attention (as in torch)")
     bias = _bias_of_mask(attn_mask, q, rank, k.shape[2])
     p = float(dropout_p)
