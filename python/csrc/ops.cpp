@@ -269,10 +269,8 @@ memeff::CausalMode parse_causal(c10::string_view causal) {
 
 memeff::RngState rng_of(const at::Tensor& rng_state, double dropout_p, const at::Tensor& q) {
   memeff::RngState rng;
-  // Named before the RNG state it decides about: a negative or NaN p draws none.
-  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0,
-                    "argument `dropout_p`: expected a probability in [0, 1), got ", dropout_p);
-  if (dropout_p == 0.0) return rng;
+  // Not above 0 (NaN included): no state to read, and the core's validation names a p it refuses.
+  if (!(dropout_p > 0.0)) return rng;
   TORCH_CHECK_VALUE(rng_state.defined(), "argument `rng_state`: dropout_p = ", dropout_p,
                     " needs the call's RNG state (an int64[2] tensor of seed and offset)");
   const at::Tensor& s = rng_state;

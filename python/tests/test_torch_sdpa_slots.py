@@ -56,6 +56,11 @@ def active():
     mt.deactivate()
 
 
+def assert_forward_and_backward_ran_memeff(calls, op):
+    """explain_sdpa() recorded exactly aten::op and its backward, both run by memeff."""
+    assert [(c.op, c.ran) for c in calls] == [(op, "memeff"), (op + "_backward", "memeff")], calls
+
+
 def math_reference(causal, keep=None, p=0.0, scale=None, enable_gqa=False):
     """reference(q, k, v[, bias]) by torch's math SDPA, given memeff's keep mask: p_effective
     scales the kept values as memeff does (1/(1 - p_effective) = keep_scale)."""
@@ -511,9 +516,7 @@ def test_sdpa_flash_slot_matches_math_on_gpu(active, case):
     torch.manual_seed(11)
     with mt.explain_sdpa() as calls:
         out, state, *grads = or_skip(sdpa_step, q, k, v, dout, causal, p)
-    assert [(c.op, c.ran) for c in calls] == [
-        ("_scaled_dot_product_flash_attention", "memeff"),
-        ("_scaled_dot_product_flash_attention_backward", "memeff")], calls
+    assert_forward_and_backward_ran_memeff(calls, "_scaled_dot_product_flash_attention")
     keep = None
     if p > 0:
         keep = mt.dropout_mask((B, Hq, L, L), p, state)
@@ -573,9 +576,7 @@ def test_sdpa_under_torch_compile_fullgraph_on_gpu(active, p):
         out = attention(q, k, v)
         state = mt.last_rng_state()
         grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert [(c.op, c.ran) for c in calls] == [
-        ("_scaled_dot_product_flash_attention", "memeff"),
-        ("_scaled_dot_product_flash_attention_backward", "memeff")], calls
+    assert_forward_and_backward_ran_memeff(calls, "_scaled_dot_product_flash_attention")
     keep = mt.dropout_mask((B, H, L, L), p, state) if p > 0 else None
     assert_output_and_grads_close(out, grads, (q, k, v), dout,
                                   math_reference("top_left", keep, p), dtype, ("dq", "dk", "dv"))
@@ -651,9 +652,7 @@ def test_sdpa_efficient_slot_with_mask_gradient_on_gpu(active, dtype):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         state = mt.last_rng_state()
         grads = torch.autograd.grad(out, (q, k, v, mask), dout)
-    assert [(c.op, c.ran) for c in calls] == [
-        ("_scaled_dot_product_efficient_attention", "memeff"),
-        ("_scaled_dot_product_efficient_attention_backward", "memeff")], calls
+    assert_forward_and_backward_ran_memeff(calls, "_scaled_dot_product_efficient_attention")
     keep = mt.dropout_mask((B, H, Lq, Lk), p, state)
     filled = aten._fill_mem_eff_dropout_mask_(
         torch.empty(B, H, Lq, Lk, device="cuda"), p, int(state[0]), int(state[1]))
@@ -676,9 +675,7 @@ def test_sdpa_cudnn_slot_on_gpu(active, p, masked):
                       is_causal=not masked)
         state = mt.last_rng_state()
         grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert [(c.op, c.ran) for c in calls] == [
-        ("_scaled_dot_product_cudnn_attention", "memeff"),
-        ("_scaled_dot_product_cudnn_attention_backward", "memeff")], calls
+    assert_forward_and_backward_ran_memeff(calls, "_scaled_dot_product_cudnn_attention")
     keep = mt.dropout_mask((B, H, L, L), p, state) if p > 0 else None
     reference = math_reference("none" if masked else "top_left", keep, p)
     assert_output_and_grads_close(out, grads, (q, k, v), dout,
