@@ -3,6 +3,7 @@ next to them, which lacks the compiled memeff._C), torch's SDPA backends and the
 the project's FLOP convention, a timer (CUDA events on a GPU, the wall clock on the CPU), the
 one-line reason of a failed configuration, the training-step loop, and the environment line,
 markdown table and JSON they end with. Import it before memeff."""
+import collections
 import json
 import os
 import sys
@@ -81,11 +82,64 @@ def describe(env) -> str:
     return ", ".join([env["device"]] + [f"{k} {v}" for k, v in env.items() if k != "device"])
 
 
+# Names a --backends list may hold besides TORCH_BACKENDS: memeff's own op ("memeff"; in
+# bench_hf.py attn_implementation="memeff"), PyTorch's default SDPA dispatch ("default") and that
+# dispatch with memeff's kernels in its flash, efficient and cuDNN slots ("slots":
+# memeff.torch.activate(SLOTS)).
+OTHER_BACKENDS = ("memeff", "slots", "default")
+SLOTS = ("flash", "efficient", "cudnn")
+
+
 def backend_names(spec, device):
-    """The names of a --backends list ("memeff,flash,..."); on the CPU only memeff and torch's
-    math backend (torch's CPU flash kernel has no dropout)."""
+    """The names of a --backends list ("memeff,default,flash,..."), checked; on the CPU only
+    memeff, the default dispatch and torch's math backend (the slots are CUDA kernels, torch's CPU
+    flash kernel has no dropout)."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    return [n for n in names if n in ("memeff", "math")] if device.type == "cpu" else names
+    for n in names:
+        if n not in TORCH_BACKENDS and n not in OTHER_BACKENDS:
+            raise SystemExit(f"--backends: unknown name {n!r} (expected some of "
+                             f"{', '.join(OTHER_BACKENDS + tuple(TORCH_BACKENDS))})")
+    return ([n for n in names if n in ("memeff", "default", "math")] if device.type == "cpu"
+            else names)
+
+
+def uses_torch_sdpa(name) -> bool:
+    """Whether a backend name runs the model's attention through torch's SDPA (every name but
+    memeff's own op)."""
+    return name != "memeff"
+
+
+def backend_guard(name):
+    """The context a backend name runs in: sdpa_kernel(backend) for a forced torch backend,
+    memeff's slots activated for "slots", nothing for "memeff" and "default"."""
+    from contextlib import contextmanager, nullcontext
+
+    from torch.nn.attention import sdpa_kernel
+
+    if name in TORCH_BACKENDS:
+        return sdpa_kernel(TORCH_BACKENDS[name])
+    if name != "slots":
+        return nullcontext()
+
+    @contextmanager
+    def slots():
+        import memeff.torch as mt
+
+        mt.activate(SLOTS)
+        try:
+            yield
+        finally:
+            mt.deactivate()
+
+    return slots()
+
+
+def maybe_compile(model, compile_mode):
+    """torch.compile(model) with --compile's mode ("default", "max-autotune", ...), or the model
+    itself when compile_mode is None."""
+    if compile_mode is None:
+        return model
+    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
 
 
 def print_table(header, rows):
@@ -102,34 +156,46 @@ def write_json(path, document):
             json.dump(document, f, indent=1)
 
 
+def make_step(model, loss_of, device, dtype):
+    """(step, optimizer): step() is one training step of model (forward under autocast in
+    `dtype`, loss_of(model) backward, an AdamW step)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = loss_of(model)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step, optimizer
+
+
+def run_mode(compile_mode) -> str:
+    """How a report's first line names --compile's mode: ", torch.compile mode M" or ", eager"."""
+    return f", torch.compile mode {compile_mode}" if compile_mode else ", eager"
+
+
 def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
     """Times one training step (forward under autocast in `dtype`, backward, AdamW step) of
-    build(name)'s model, with torch's SDPA restricted to the backend `name` when it names one:
-    the median and minimum of `steps` steps after `warmup` ones, and the peak memory of the
-    timed steps. A configuration that fails gives its reason instead of times."""
-    from contextlib import nullcontext
-
-    from torch.nn.attention import sdpa_kernel
-
-    guard = sdpa_kernel(TORCH_BACKENDS[name]) if name in TORCH_BACKENDS else nullcontext()
+    build(name)'s model inside backend_guard(name): the median and minimum of `steps` steps
+    after `warmup` ones, and the peak memory of the timed steps. A configuration that fails
+    gives its reason instead of times. Under torch.compile the warm-up steps compile."""
+    guard = backend_guard(name)
     result = {"backend": name, "ms": float("nan"), "min_ms": float("nan"),
               "peak_mib": float("nan")}
     model = optimizer = None
     try:
         torch.manual_seed(0)
         model = build(name)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                loss = loss_of(model)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-
+        step, optimizer = make_step(model, loss_of, device, dtype)
+        torch._dynamo.reset()  # each backend compiles afresh (a no-op without torch.compile)
         with guard:
             for _ in range(warmup):
                 step()
+            if name == "slots":
+                result["calls"] = memeff_calls(step)
+            result["graph_breaks"] = graph_breaks()
             if device.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -147,6 +213,34 @@ def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
     return result
 
 
+def memeff_calls(step) -> str:
+    """What one more call of step() sent through memeff's slots: "memeff ran N of M slot calls
+    (op: count ...), PyTorch ran K (reasons)"; nothing reaches the slots when torch's dispatcher
+    chose its math path."""
+    import memeff.torch as mt
+
+    with mt.explain_sdpa() as calls:
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    ran = [c for c in calls if c.ran == "memeff"]
+    ops = collections.Counter(c.op.lstrip("_") for c in ran)
+    reasons = collections.Counter(c.reason for c in calls if c.ran != "memeff")
+    text = f"memeff ran {len(ran)} of {len(calls)} slot calls"
+    if ops:
+        text += " (" + ", ".join(f"{op} x{n}" for op, n in ops.items()) + ")"
+    if reasons:
+        text += "; PyTorch's kernels: " + ", ".join(f"{r} x{n}" for r, n in reasons.items())
+    return text
+
+
+def graph_breaks() -> int:
+    """Graph breaks torch.compile counted since the last torch._dynamo.reset()."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
 def bench_training_steps(names, build, loss_of, device, dtype, warmup, steps):
     """bench_training_step for each backend name: the results, and a note of the backends memeff
     ran (forward/backward) for the table."""
@@ -154,23 +248,37 @@ def bench_training_steps(names, build, loss_of, device, dtype, warmup, steps):
 
     results, notes = [], {}
     for name in names:
+        print(f"  {name} ...", file=sys.stderr, flush=True)
         results.append(bench_training_step(name, build, loss_of, device, dtype, warmup, steps))
-        if name == "memeff":
-            notes[name] = "memeff backends fwd/bwd: " + "/".join(mt.last_backends())
+        r = results[-1]
+        if "error" in r:
+            continue
+        note = ["memeff backends fwd/bwd: " + "/".join(mt.last_backends())] if name == "memeff" \
+            else []
+        if r.get("calls"):
+            note.append(r["calls"])
+        if r.get("graph_breaks"):
+            note.append(f"{r['graph_breaks']} graph breaks")
+        if note:
+            notes[name] = "; ".join(note)
     return results, notes
 
 
 def print_step_table(results, notes=None):
-    """The training-step table: median and minimum step time, peak memory, and the ratio to the
-    fastest torch backend of the same run. notes: extra text per backend name."""
+    """The training-step table: median and minimum step time, peak memory, and the ratios to the
+    fastest forced torch backend and to torch's default dispatch of the same run. notes: extra
+    text per backend name."""
     notes = notes or {}
+    nan = float("nan")
     best = min((r["ms"] for r in results if r["backend"] in TORCH_BACKENDS and r["ms"] == r["ms"]),
-               default=float("nan"))
+               default=nan)
+    default = next((r["ms"] for r in results if r["backend"] == "default"), nan)
     rows = []
     for r in results:
-        ratio = r["ms"] / best if best == best else float("nan")
-        r["vs_best_torch"] = ratio
+        r["vs_best_torch"] = r["ms"] / best if best == best else nan
+        r["vs_default"] = r["ms"] / default if default == default else nan
         rows.append([r["backend"], f"{r['ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['peak_mib']:.0f}",
-                     f"{ratio:.3f}", r.get("error", notes.get(r["backend"], ""))])
+                     f"{r['vs_best_torch']:.3f}", f"{r['vs_default']:.3f}",
+                     r.get("error", notes.get(r["backend"], ""))])
     print_table(["attention", "step ms (median)", "step ms (min)", "peak MiB", "vs best torch",
-                 "note"], rows)
+                 "vs default", "note"], rows)

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """One training step of Hugging Face transformers models with memeff's attention
-(attn_implementation="memeff", memeff.torch.hf) and with transformers' "sdpa" attention forced
-onto each of torch's SDPA backends, in one run: a BERT-base-sized masked-LM encoder (random
+(attn_implementation="memeff", memeff.torch.hf), with transformers' "sdpa" attention under
+PyTorch's default dispatch ("default"), with memeff's kernels in that dispatcher's slots
+("slots": memeff.torch.activate(("flash", "efficient", "cudnn"))) and forced onto each of
+torch's SDPA backends, in one run, eager or under torch.compile (--compile): a BERT-base-sized masked-LM encoder (random
 init, L = 512, attention dropout 0.1) and a small Llama-style decoder with grouped-query
 attention (causal, no attention dropout, as Llama trains). bf16 autocast, AdamW.
 
-    python3 python/bench_hf.py [--models bert,llama] [--json FILE]
+    python3 python/bench_hf.py [--models bert,llama] [--compile [MODE]] [--json FILE]
 
 Timing: CUDA events around each step (forward, backward, optimizer step) after warm-up steps;
 median and minimum of --steps steps; peak memory of the timed steps. "vs best torch" is the
@@ -27,10 +29,15 @@ import memeff.torch.hf as mhf
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="bert,llama", help="comma-separated: bert, llama")
-    ap.add_argument("--backends", default="memeff," + ",".join(bc.TORCH_BACKENDS),
-                    help="memeff and torch SDPA backends to time")
+    ap.add_argument("--backends", default="memeff,slots,default," + ",".join(bc.TORCH_BACKENDS),
+                    help="memeff, slots, default and torch SDPA backends to time")
+    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                    help="run the model under torch.compile (mode: default, max-autotune, ...)")
     ap.add_argument("--bert-batch", type=int, default=32)
     ap.add_argument("--bert-seq", type=int, default=512)
+    ap.add_argument("--bert-pad", type=float, default=0.0, metavar="F",
+                    help="right-pad the BERT batch: sequence lengths drawn uniformly from "
+                         "[F·seq, seq] (default 0: no padding, no attention_mask)")
     ap.add_argument("--llama-batch", type=int, default=8)
     ap.add_argument("--llama-seq", type=int, default=1024)
     ap.add_argument("--dtype", choices=list(bc.DTYPES), default="bf16")
@@ -75,12 +82,42 @@ def model_case(kind, args, device, small):
     if small:
         batch, seq = min(batch, 2), min(seq, 64)
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
+    mask = None
+    if kind == "bert" and getattr(args, "bert_pad", 0.0) > 0:
+        lengths = torch.randint(max(1, int(args.bert_pad * seq)), seq + 1, (batch,), generator=gen)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long().to(device)
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
     title = (f"{cls.__name__}: {config.num_hidden_layers} layers, width {config.hidden_size}, "
              f"{heads} heads" + (f" on {kv_heads} kv heads" if kv_heads not in (None, heads)
                                  else "") + f", batch {batch} x {seq} tokens, attention dropout "
-             f"{getattr(config, 'attention_probs_dropout_prob', getattr(config, 'attention_dropout', 0.0))}")
-    return title, config, cls, ids
+             f"{getattr(config, 'attention_probs_dropout_prob', getattr(config, 'attention_dropout', 0.0))}"
+             + (f", right-padded to {int(mask.sum())} of {mask.numel()} tokens"
+                if mask is not None else ""))
+    return title, config, cls, ids, mask
+
+
+def model_runner(kind, args, device, small):
+    """(title, build, loss_of) of a model kind: build(name) makes the model for an attention
+    name (memeff's implementation for "memeff", transformers' "sdpa" otherwise; compiled with
+    --compile), loss_of(model) its masked-LM or causal-LM loss on the batch."""
+    title, config, cls, ids, mask = model_case(kind, args, device, small)
+
+    def build(name):
+        implementation = mhf.NAME if name == "memeff" else "sdpa"
+        with device:  # parameters created (and initialized) on the device: quicker
+            model = cls._from_config(copy.deepcopy(config), attn_implementation=implementation)
+        return bc.maybe_compile(model.to(device).train(), args.compile)
+
+    def loss_of(model):
+        return model(input_ids=ids, attention_mask=mask, labels=ids).loss
+
+    return title, build, loss_of
+
+
+def environment(device):
+    """memeff registered with transformers, and the run's environment (bench_common)."""
+    mhf.register()
+    return bc.environment(device, transformers=transformers.__version__)
 
 
 def main():
@@ -89,24 +126,14 @@ def main():
     small = device.type == "cpu"
     dtype = bc.DTYPES[args.dtype]
     names = bc.backend_names(args.backends, device)
-    mhf.register()
-    env = bc.environment(device, transformers=transformers.__version__)
-    print(f"# one training step of Hugging Face models ({args.dtype} autocast, AdamW), "
-          f"{bc.describe(env)}; median of {args.steps} steps after {args.warmup} warm-up" +
-          ("; CPU smoke test with shrunken models" if small else ""), flush=True)
+    env = environment(device)
+    print(f"# one training step of Hugging Face models ({args.dtype} autocast, AdamW"
+          f"{bc.run_mode(args.compile)}), {bc.describe(env)}; median of {args.steps} steps "
+          f"after {args.warmup} warm-up" + ("; CPU smoke test with shrunken models" if small
+                                            else ""), flush=True)
     report = {**env, "args": vars(args), "models": []}
     for kind in [m.strip() for m in args.models.split(",") if m.strip()]:
-        title, config, cls, ids = model_case(kind, args, device, small)
-
-        def build(name):
-            implementation = mhf.NAME if name == "memeff" else "sdpa"
-            with device:  # parameters created (and initialized) on the device: quicker
-                model = cls._from_config(copy.deepcopy(config), attn_implementation=implementation)
-            return model.to(device).train()
-
-        def loss_of(model):
-            return model(input_ids=ids, labels=ids).loss
-
+        title, build, loss_of = model_runner(kind, args, device, small)
         results, notes = bc.bench_training_steps(names, build, loss_of, device, dtype,
                                                  args.warmup, args.steps)
         print(f"\n## {title}", flush=True)

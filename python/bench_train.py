@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Times one training step (forward, backward, AdamW step) of the small causal transformer of
-memeff.tiny_transformer with its attention computed by memeff and by each of torch's SDPA
-backends (math, efficient, flash, cudnn), in one run, and prints a table.
+memeff.tiny_transformer with its attention computed by memeff's op, by torch's SDPA under its
+default dispatch ("default"), by that dispatch with memeff in its slots ("slots") and by each of
+torch's SDPA backends (math, efficient, flash, cudnn), in one run, eager or under torch.compile
+(--compile), and prints a table.
 
     python3 python/bench_train.py [--batch 8 --seq 1024 --width 1024 --heads 16 --layers 2]
+                                  [--compile [MODE]]
 
 Timing: CUDA events around each step after warm-up steps; the median of --steps steps. A
 backend that cannot run the configuration (e.g. flash without a GPU that supports it) is listed
@@ -32,15 +35,18 @@ def parse_args():
                     help="autocast dtype of the model")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--backends", default="memeff," + ",".join(bc.TORCH_BACKENDS))
+    ap.add_argument("--backends", default="memeff,slots,default," + ",".join(bc.TORCH_BACKENDS))
+    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                    help="run the model under torch.compile (mode: default, max-autotune, ...)")
     ap.add_argument("--json", help="also write the results to this file")
     return ap.parse_args()
 
 
 def build(name, args, device):
     attention = memeff_attention if name == "memeff" else torch_attention
-    return TinyTransformer(args.vocab, args.width, args.heads, args.layers, args.seq,
-                           args.dropout, attention).to(device)
+    model = TinyTransformer(args.vocab, args.width, args.heads, args.layers, args.seq,
+                            args.dropout, attention).to(device)
+    return bc.maybe_compile(model, args.compile)
 
 
 def main():
@@ -51,7 +57,8 @@ def main():
     env = bc.environment(device)
     print(f"# training step of a {args.layers}-layer causal transformer: batch {args.batch}, "
           f"seq {args.seq}, width {args.width}, {args.heads} heads (head dim "
-          f"{args.width // args.heads}), attention dropout {args.dropout}, {args.dtype} autocast; "
+          f"{args.width // args.heads}), attention dropout {args.dropout}, {args.dtype} autocast"
+          f"{bc.run_mode(args.compile)}; "
           f"{bc.describe(env)}; median of {args.steps} steps after {args.warmup} warm-up",
           flush=True)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)

@@ -151,7 +151,7 @@ def test_padding_masks_are_not_expanded_over_heads(device, monkeypatch):
     recorder = Recorder(monkeypatch)
     B, L = 2, 14
     _, encoder = pair(transformers.BertModel, bert_config(), device)
-    ids, mask = inputs(device, pad="right")
+    ids, mask = inputs(device, pad="left")  # right padding runs as key lengths instead
     encoder(input_ids=ids, attention_mask=mask)
     # An encoder's padding mask reaches memeff as one row of keys per batch element.
     assert [tuple(b.shape) for b in recorder.biases] == [(B, 1, 1, L)] * 2
@@ -220,11 +220,12 @@ def packed_batch(device, flash_kwargs, lengths=LENGTHS):
     return [s.to(device) for s in seqs], batch
 
 
-def memeff_model(config, device):
+def memeff_model(config, device, model_class=None):
     # On CUDA in bf16: memeff's fused kernels take 16-bit inputs (fp32 packed calls have no
     # CUDA backend).
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation=mhf.NAME)
+    model_class = model_class or transformers.LlamaForCausalLM
+    model = model_class._from_config(config, attn_implementation=mhf.NAME)
     return model.to(device, torch.float32 if device == "cpu" else torch.bfloat16)
 
 
@@ -352,3 +353,83 @@ def test_plain_packed_masks_are_recognized():
                                                  packed))
     assert not mhf._is_plain_packed(
         mu.and_masks(mu.or_masks(mu.causal_mask_function, lambda b, h, q, kv: q == kv), packed))
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_plain_patterns_without_padding_need_no_mask(monkeypatch, compiling):
+    # A causal (as many queries as keys, or one) or bidirectional pattern with no padding mask is
+    # computed without a mask, decided from the request alone: also while torch.compile traces,
+    # where transformers' own sdpa masks (before torch 2.14) materialize the pattern.
+    from transformers import masking_utils as mu
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    base = dict(batch_size=2, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+                attention_mask=None, local_size=None, device="cpu")
+    causal = dict(base, mask_function=mu.causal_mask_function, allow_is_causal_skip=True)
+    bidirectional = dict(base, mask_function=mu.bidirectional_mask_function,
+                         allow_is_causal_skip=False, allow_is_bidirectional_skip=True)
+    assert mhf.mask_function(**causal) is None
+    assert mhf.mask_function(**dict(causal, q_length=1, kv_length=9)) is None
+    assert mhf.mask_function(**bidirectional) is None
+    assert mhf.mask_function(**dict(bidirectional, q_length=3)) is None
+    padding = torch.ones(2, 8, dtype=torch.long)
+    padding[1, 6:] = 0
+    assert mhf.mask_function(**dict(causal, q_length=4)) is None  # a prefill into a longer cache
+    kept = [dict(causal, q_length=4, q_offset=4),  # a chunk after a cache: needs the mask
+            dict(causal, allow_is_causal_skip=False),
+            dict(causal, mask_function=mu.sliding_window_causal_mask_function(3)),
+            dict(causal, local_size=4),
+            dict(causal, q_offset=torch.tensor(0)),  # a static cache's traced offset
+            dict(causal, attention_mask=padding),
+            dict(bidirectional, allow_is_bidirectional_skip=False)]
+    for request in kept:  # left to transformers' rules (which may still skip it when eager)
+        assert not mhf._no_mask_needed(request), request
+
+
+def encoder_batch(device, lengths, length=12):
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 97, (len(lengths), length), generator=gen).to(device)
+    mask = torch.zeros(len(lengths), length, dtype=torch.long, device=device)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+    return ids, mask
+
+
+def encoder_step(model, ids, mask, seed=5):
+    """Hidden states (real tokens) and parameter gradients of a BERT step with dropout."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    y = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    y = y * mask.unsqueeze(-1).to(y.dtype)
+    y.float().square().mean().backward()
+    return [y.detach()], {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lengths", [(12, 7, 1), (5, 12, 0)])
+def test_right_padded_encoder_runs_key_lengths(device, lengths, monkeypatch):
+    # An encoder's right-padded batch runs as per-batch key lengths (varlen_attention over the
+    # keys each entry sees, no bias), with the dense path's dropout mask: the same seed gives
+    # the same step as the [B, 1, 1, Lk] bias, including an entry with no key at all.
+    model = memeff_model(bert_config(dropout=0.25), device, transformers.BertModel).train()
+    ids, mask = encoder_batch(device, lengths)
+    calls = AttentionCalls(monkeypatch)
+    result = encoder_step(model, ids, mask)
+    assert (calls.dense, calls.packed) == (0, 2)
+    monkeypatch.setattr(mhf, "_right_padding", lambda mask, key: None)  # the dense bias path
+    reference = encoder_step(model, ids, mask)
+    assert (calls.dense, calls.packed) == (2, 2)
+    assert_same_training_signal([reference, result], device)
+
+
+def test_other_key_padding_keeps_the_bias(device, monkeypatch):
+    # Left padding, holes, or no padding at all: the dense path with the mask as a bias.
+    model = memeff_model(bert_config(), device, transformers.BertModel)
+    calls = AttentionCalls(monkeypatch)
+    ids, mask = encoder_batch(device, (12, 9))
+    left = mask.flip(1)
+    holes = mask.clone()
+    holes[0, 3] = 0
+    for m in (left, holes):
+        model(input_ids=ids, attention_mask=m)
+    assert (calls.dense, calls.packed) == (4, 0)
+    keep = torch.ones(2, 1, 1, 12, dtype=torch.bool, device=device)
+    assert mhf._right_padding(keep, torch.zeros(2, 4, 12, 16, device=device)) is None

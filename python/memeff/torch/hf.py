@@ -13,6 +13,10 @@ attention dropout as the module passes it (its rate in training, 0 in eval). The
 the [B, L, H, D] layout transformers wants with no copy, since memeff's output takes the query's
 [B, L, H, D] storage order.
 
+A plain causal or bidirectional pattern without padding gets no mask, under torch.compile too
+(mask_function), and an encoder's right-padded batch runs as per-batch key lengths through
+varlen_attention instead of a [B, 1, 1, Lk] bias (eager calls; _right_padding).
+
 Padding-free (packed) batches run memeff.torch.varlen_attention, as transformers runs
 flash-attention's varlen function for them: sequences concatenated into one row (batch 1) whose
 position_ids restart at each sequence (what DataCollatorWithFlattening returns), or the
@@ -67,6 +71,10 @@ def attention_forward(
         packing = _packing(query, key, kwargs)
         if packing is not None:
             return _varlen_forward(query, key, value, packing, dropout, scaling, is_causal), None
+    elif position_bias is None and not is_causal:
+        keys = _right_padding(attention_mask, key)
+        if keys is not None:
+            return _key_lengths_forward(query, key, value, keys, dropout, scaling), None
     # As transformers' sdpa_attention_forward decides it: causal only when the mask was left out
     # because it was purely causal (an explicit mask already holds the causal pattern), never for
     # a single query (decoding), and for decoder modules (module.is_causal) unless told otherwise.
@@ -93,9 +101,25 @@ def attention_forward(
 
 _PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
-# The latest position_ids examined and the packing found in them: every layer of a forward gets
-# the same tensor, so its values are read (a device synchronization) once per forward.
-_last_positions = (None, -1, None)
+def _read_once_per_tensor(read):
+    """read(tensor), a function of a tensor's values, remembered for the latest tensor (the same
+    object at the same version): every layer of a forward gets the same position_ids or mask,
+    so its values are read (a device synchronization) once per forward. None while a CUDA graph
+    captures, where reading would synchronize."""
+    last = [None, -1, None]
+
+    @functools.wraps(read)
+    def remembered(tensor: torch.Tensor):
+        if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        ref, version, found = last
+        if ref is not None and ref() is tensor and version == tensor._version:
+            return found
+        found = read(tensor)
+        last[:] = [weakref.ref(tensor), tensor._version, found]
+        return found
+
+    return remembered
 
 
 def _packing(query: torch.Tensor, key: torch.Tensor, kwargs):
@@ -111,17 +135,10 @@ def _packing(query: torch.Tensor, key: torch.Tensor, kwargs):
             or key.shape[2] != query.shape[2] or position_ids.dim() > 2
             or position_ids.numel() != query.shape[2] or torch.compiler.is_compiling()):
         return None
-    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    global _last_positions
-    ref, version, packing = _last_positions
-    if ref is not None and ref() is position_ids and version == position_ids._version:
-        return packing
-    packing = _packing_of_positions(position_ids)
-    _last_positions = (weakref.ref(position_ids), position_ids._version, packing)
-    return packing
+    return _packing_of_positions(position_ids)
 
 
+@_read_once_per_tensor
 def _packing_of_positions(position_ids: torch.Tensor):
     """Sequences in one row of position ids: a new one starts wherever the position does not
     grow by 1 (the rule of transformers' find_packed_sequence_indices, which its masks follow).
@@ -137,21 +154,72 @@ def _packing_of_positions(position_ids: torch.Tensor):
     return cu_seqlens, cu_seqlens, longest, longest
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[B, H, L, D] as packed rows [B·L, H, D]: a view for transformers' projections, which are
+    [B, L, H, D] tensors seen as heads (a copy for any other layout)."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
+
+
 def _varlen_forward(query, key, value, packing, dropout, scaling, is_causal) -> torch.Tensor:
     """query [B, Hq, L, D] (and key, value) as B·L packed rows -> [B, L, Hq, Dv]. Causal is
     bottom-right per sequence, as flash-attention's varlen function aligns it (the same as
     top-left where a sequence has as many queries as keys)."""
     cu_q, cu_k, max_q, max_k = packing
     B, Hq, L, _ = query.shape
-
-    def rows(t):  # a view for transformers' [B, L, H, D] projections
-        return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
-
-    out = varlen_attention(rows(query), rows(key), rows(value),
+    out = varlen_attention(_rows(query), _rows(key), _rows(value),
                            cu_q.to(device=query.device, dtype=torch.int32),
                            cu_k.to(device=query.device, dtype=torch.int32), max_q, max_k,
                            dropout_p=dropout, causal="bottom_right" if is_causal else None,
                            scale=scaling)
+    return out.reshape(B, L, Hq, out.shape[-1])
+
+
+# Right-padded key masks ----------------------------------------------------------------------
+
+def _right_padding(mask: Optional[torch.Tensor], key: torch.Tensor):
+    """(rows, cu_seqlens_k, max_k) of an encoder's key-padding mask ([B, 1, 1, Lk] boolean, as
+    mask_function returns it) whose every row is a prefix of True (right padding) and that
+    masks some key: the packed rows of the keys each batch entry sees, their offsets and the
+    longest; None for any other mask, while torch.compile traces (reading the values would
+    break the graph) or a CUDA graph captures. Two device synchronizations per mask tensor (its
+    check, and the rows' count), so per forward, not per layer."""
+    if (mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1)
+            or mask.shape[0] != key.shape[0] or mask.shape[3] != key.shape[2]
+            or torch.compiler.is_compiling()):
+        return None
+    return _right_padding_of(mask)
+
+
+@_read_once_per_tensor
+def _right_padding_of(mask: torch.Tensor):
+    keep = mask.reshape(mask.shape[0], mask.shape[3])
+    B, Lk = keep.shape
+    lengths = keep.sum(dim=1, dtype=torch.int32)
+    prefix = torch.arange(Lk, device=keep.device)[None, :] < lengths[:, None]
+    is_right, total, longest = torch.stack(  # a synchronization
+        [(keep == prefix).all().to(torch.int64),
+         lengths.sum(dtype=torch.int64), lengths.max().to(torch.int64)]).tolist()
+    if not is_right or total == B * Lk:
+        return None
+    rows = prefix.reshape(-1).nonzero().reshape(-1)
+    cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=keep.device)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    return rows, cu_seqlens, max(longest, 1)
+
+
+def _key_lengths_forward(query, key, value, keys, dropout, scaling) -> torch.Tensor:
+    """An encoder's right-padded batch as per-batch key lengths: query [B, Hq, L, D] as B
+    sequences of L queries (every row, padded ones included, as the dense path computes them)
+    over only the keys each one sees, gathered into packed rows (a copy of the visible keys and
+    values, about 2·B·Lk·Hkv·D elements), run by varlen_attention, so no bias is read and no
+    padded key block is visited. Dropout element (b, h, i, j) is the dense call's: each
+    sequence's keys keep their positions (a prefix). -> [B, L, Hq, Dv]."""
+    rows_k, cu_k, max_k = keys
+    B, Hq, L, _ = query.shape
+    cu_q = torch.arange(0, (B + 1) * L, L, dtype=torch.int32, device=query.device)
+    out = varlen_attention(_rows(query), _rows(key).index_select(0, rows_k),
+                           _rows(value).index_select(0, rows_k), cu_q, cu_k, L, max_k,
+                           dropout_p=dropout, causal=None, scale=scaling)
     return out.reshape(B, L, Hq, out.shape[-1])
 
 
@@ -199,7 +267,9 @@ def _is_plain_packed(mask_fn) -> bool:
 def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     """transformers' mask-interface signature (keyword arguments from its create_*_mask
     helpers). The masks of transformers' "sdpa" implementation (boolean, True = attend, or None
-    where causal mode or nothing at all does), except two: a plain bidirectional mask with
+    where causal mode or nothing at all does), except three: a plain causal or bidirectional
+    pattern without a padding mask gives None under torch.compile too (_no_mask_needed; an
+    eager call gets the same from transformers); a plain bidirectional mask with
     padding (an encoder's) is returned as its [B, 1, 1, Lk] key-padding rows, which broadcast to
     the same mask, instead of being expanded to [B, 1, Lq, Lk] (which memeff would then read
     for every query row); and a packed row of sequences under a plain causal or bidirectional
@@ -208,6 +278,8 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS,
                                             bidirectional_mask_function, prepare_padding_mask)
     padding = kwargs.get("attention_mask")
+    if not args and _no_mask_needed(kwargs):
+        return None
     # A packed row (transformers found sequences in position_ids): no mask, the attention runs
     # varlen_attention on the same position_ids (it takes them for batch 1 only). Kept under
     # torch.compile (see the module's docstring).
@@ -228,6 +300,33 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
             and bool(padding.all())):
         return None
     return padding[:, None, None, :]
+
+
+def _no_mask_needed(kwargs) -> bool:
+    """Whether a mask request is a plain causal or bidirectional pattern with no padding mask,
+    which memeff computes without a mask (causal mode, or nothing): decided from the request's
+    arguments alone, never from tensor values, so also while torch.compile traces (where
+    transformers' own "sdpa" masks materialize the pattern, as they cannot check the padding).
+    Causal needs a single query, as many queries as keys, or queries from position 0 (a prefill
+    into a longer cache), as transformers' skip rule has it; a tensor q_offset (static caches
+    under compile) keeps the mask, as there."""
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+
+    if kwargs.get("attention_mask") is not None or kwargs.get("local_size") is not None:
+        return False
+    pattern = kwargs.get("mask_function", causal_mask_function)
+    q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    if pattern is bidirectional_mask_function:
+        return bool(kwargs.get("allow_is_bidirectional_skip", False))
+    if pattern is not causal_mask_function or not kwargs.get("allow_is_causal_skip", True):
+        return False
+    q_offset = kwargs.get("q_offset", 0)
+    if isinstance(q_offset, torch.Tensor) or not isinstance(q_length, int):
+        return False
+    # Top-left causal (what attention_forward runs for several queries without a mask) is the
+    # pattern when queries and keys start together: as many of each, or a prefill (q_offset 0)
+    # whose later keys no query sees.
+    return q_length == 1 or q_length == kv_length or q_offset == 0
 
 
 def register(name: str = NAME) -> None:
