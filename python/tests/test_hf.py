@@ -433,3 +433,35 @@ def test_other_key_padding_keeps_the_bias(device, monkeypatch):
     assert (calls.dense, calls.packed) == (4, 0)
     keep = torch.ones(2, 1, 1, 12, dtype=torch.bool, device=device)
     assert mhf._right_padding(keep, torch.zeros(2, 4, 12, 16, device=device)) is None
+
+
+@pytest.mark.parametrize("model_class, config", [
+    (transformers.BertModel, bert_config()),
+    (transformers.LlamaForCausalLM, llama_config()),
+], ids=["bert", "llama"])
+def test_compiled_models_pass_no_mask(model_class, config):
+    # Under torch.compile (one graph) a model without padding reaches memeff with no bias: the
+    # encoder with none, the decoder in causal mode; and the outputs are eager's.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = model_class._from_config(config, attn_implementation=mhf.NAME).eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    ids = inputs("cpu")[0]
+    with torch.no_grad():
+        out = compiled(input_ids=ids)
+        ref = model(input_ids=ids)
+    key = "last_hidden_state" if model_class is transformers.BertModel else "logits"
+    torch.testing.assert_close(getattr(out, key), getattr(ref, key), rtol=1e-5, atol=1e-5)
+    calls = [n for g in graphs for n in g.graph.nodes
+             if n.op == "call_function" and "memeff" in str(n.target)]
+    assert len(calls) == config.num_hidden_layers
+    for node in calls:
+        assert node.args[3] is None, node.format_node()  # no bias
+        causal = "top_left" if model_class is transformers.LlamaForCausalLM else "none"
+        assert causal in [a for a in node.args if isinstance(a, str)], node.format_node()
