@@ -83,11 +83,12 @@ def describe(env) -> str:
 
 
 # Names a --backends list may hold besides TORCH_BACKENDS: memeff's own op ("memeff"; in
-# bench_hf.py attn_implementation="memeff"), PyTorch's default SDPA dispatch ("default") and that
+# bench_hf.py attn_implementation="memeff"), PyTorch's default SDPA dispatch ("default"), that
 # dispatch with memeff's kernels in its flash, efficient and cuDNN slots ("slots":
-# memeff.torch.activate(SLOTS)).
-OTHER_BACKENDS = ("memeff", "slots", "default")
+# memeff.torch.activate(SLOTS)) and in its math path too ("slots_math").
+OTHER_BACKENDS = ("memeff", "slots", "slots_math", "default")
 SLOTS = ("flash", "efficient", "cudnn")
+SLOTS_OF = {"slots": SLOTS, "slots_math": SLOTS + ("math",)}
 
 
 def backend_names(spec, device):
@@ -111,21 +112,22 @@ def uses_torch_sdpa(name) -> bool:
 
 def backend_guard(name):
     """The context a backend name runs in: sdpa_kernel(backend) for a forced torch backend,
-    memeff's slots activated for "slots", nothing for "memeff" and "default"."""
+    memeff's slots activated for "slots" and "slots_math", nothing for "memeff" and
+    "default"."""
     from contextlib import contextmanager, nullcontext
 
     from torch.nn.attention import sdpa_kernel
 
     if name in TORCH_BACKENDS:
         return sdpa_kernel(TORCH_BACKENDS[name])
-    if name != "slots":
+    if name not in SLOTS_OF:
         return nullcontext()
 
     @contextmanager
     def slots():
         import memeff.torch as mt
 
-        mt.activate(SLOTS)
+        mt.activate(SLOTS_OF[name])
         try:
             yield
         finally:
@@ -193,7 +195,7 @@ def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
         with guard:
             for _ in range(warmup):
                 step()
-            if name == "slots":
+            if name in SLOTS_OF:
                 result["calls"] = memeff_calls(step)
             result["graph_breaks"] = graph_breaks()
             if device.type == "cuda":

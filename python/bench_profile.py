@@ -116,7 +116,7 @@ def profile_steps(name, build, loss_of, device, dtype, warmup, steps):
         with guard:
             for _ in range(warmup):
                 step()
-            calls = bc.memeff_calls(step) if name == "slots" else ""
+            calls = bc.memeff_calls(step) if name in bc.SLOTS_OF else ""
             if device.type == "cuda":
                 torch.cuda.synchronize()
             with profile(activities=activities) as prof:

@@ -681,3 +681,127 @@ def test_sdpa_cudnn_slot_on_gpu(active, p, masked):
     assert_output_and_grads_close(out, grads, (q, k, v), dout,
                                   lambda q, k, v: reference(q, k, v, mask), dtype,
                                   ("dq", "dk", "dv"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The math slot: calls PyTorch's dispatcher sends to its math path (on the CPU registered for
+# the CPU's autograd key; PyTorch's CPU dispatcher sends dropout calls there).
+
+
+@pytest.fixture
+def cpu_math_slot():
+    handle = aten_sdpa.register_kernels(("math",), "CPU")
+    yield handle
+    handle.remove()
+
+
+def math_slot_case(tag, p):
+    gen = seeded_generator(("math-slot", tag, p))
+    B, H, L, D = 2, 3, 40, 16
+    q, k, v = leaves(gen, "cpu", torch.float32, (B, H, L, D), (B, H, L, D), (B, H, L, D))
+    return q, k, v, torch.randn(B, H, L, D, generator=gen)
+
+
+def test_math_slot_runs_memeff_where_pytorch_chose_math_on_cpu(cpu_math_slot):
+    p = 0.25
+    q, k, v, dout = math_slot_case("runs", p)
+    assert int(torch._fused_sdp_choice(q, k, v, None, p, False)) == 0  # PyTorch's math path
+    with mt.explain_sdpa() as calls:
+        torch.manual_seed(5)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        state = mt.last_rng_state()
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert [(c.op, c.ran) for c in calls] == [("scaled_dot_product_attention", "memeff")]
+    keep = mt.dropout_mask(tuple(q.shape[:3]) + (k.shape[2],), p, state)
+    assert_output_and_grads_close(out, grads, (q, k, v), dout, math_reference("none", keep, p),
+                                  torch.float32, ("dq", "dk", "dv"))
+
+
+def test_math_slot_passes_fused_and_forced_math_calls_on(cpu_math_slot):
+    q, k, v, dout = math_slot_case("passes", 0.0)
+    # A call PyTorch's dispatcher gives a fused kernel goes on to it, unrecorded here.
+    assert int(torch._fused_sdp_choice(q, k, v, None, 0.0, False)) != 0
+    with mt.explain_sdpa() as calls:
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert calls == []
+    torch.testing.assert_close(out, math_reference("none")(q, k, v), rtol=1e-5, atol=1e-5)
+    # The math path asked for by name is PyTorch's.
+    with sdpa_kernel(SDPBackend.MATH), mt.explain_sdpa() as calls:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2)
+    assert [(c.op, c.ran) for c in calls] == [("scaled_dot_product_attention", "pytorch")]
+    assert "all that is enabled" in calls[0].reason
+    assert out.grad_fn is not None and "memeff" not in type(out.grad_fn).__name__.lower()
+
+
+def test_math_slot_leaves_what_memeff_refuses_to_pytorch(cpu_math_slot):
+    # A form memeff's op refuses (here 5-D inputs, and a mask memeff cannot broadcast) runs
+    # PyTorch's math path, with the reason recorded, and PyTorch's own errors stay its own.
+    gen = seeded_generator("math-slot-refused")
+    q5 = torch.randn(2, 2, 3, 8, 16, generator=gen)
+    with mt.explain_sdpa() as calls:
+        out = F.scaled_dot_product_attention(q5, q5, q5, dropout_p=0.2)
+    assert out.shape == q5.shape
+    assert [(c.op, c.ran) for c in calls] == [("scaled_dot_product_attention", "pytorch")]
+    q, k, v, _ = math_slot_case("refused", 0.2)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(40, 40), dropout_p=0.2,
+                                       is_causal=True)
+
+
+def test_math_slot_under_torch_compile_on_cpu(cpu_math_slot):
+    # The compiled graph holds memeff's ops where PyTorch's math path would be; each seed draws
+    # its own mask.
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    q, k, v, dout = math_slot_case("compile", 0.3)
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3),
+                             backend=aot_autograd(fw_compiler=keep_graph, bw_compiler=keep_graph),
+                             fullgraph=True)
+    torch.manual_seed(9)
+    out = compiled(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.manual_seed(9)
+    eager = mt.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    torch.testing.assert_close(out, eager)
+    assert all(g is not None for g in grads)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert "memeff.fwd.default" in targets and "memeff.bwd.default" in targets
+    torch.manual_seed(10)
+    assert not torch.allclose(compiled(q, k, v), out)
+
+
+def test_math_slot_name_is_accepted_and_listed():
+    handle = aten_sdpa.register_kernels(("math",), "CPU")
+    assert handle.ops == ("scaled_dot_product_attention",)
+    handle.remove()
+    with pytest.raises(ValueError, match="'math'"):
+        mt.activate(slots=("flash", "maths"))
+
+
+@needs_cuda
+def test_math_slot_takes_a_zero_stride_mask_on_gpu():
+    # transformers' compiled masks broadcast with a zero stride in the key dimension: every fused
+    # kernel of PyTorch refuses them, and its math path would run. With the math slot memeff does.
+    B, H, L, D, dtype = 2, 4, 96, 64, torch.bfloat16
+    gen = seeded_generator("math-slot-gpu")
+    q, k, v = leaves(gen, "cuda", dtype, (B, H, L, D), (B, H, L, D), (B, H, L, D))
+    dout = torch.randn(B, H, L, D, generator=gen).to("cuda", dtype)
+    mask = torch.ones(B, 1, L, 1, dtype=torch.bool, device="cuda").expand(B, 1, L, L)  # key stride 0
+    assert int(torch._fused_sdp_choice(q, k, v, mask, 0.0, False)) == 0
+    mt.activate(slots=("flash", "efficient", "cudnn", "math"))
+    try:
+        with mt.explain_sdpa() as calls:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+    finally:
+        mt.deactivate()
+    assert [(c.op, c.ran) for c in calls] == [("scaled_dot_product_attention", "memeff")]
+    assert_output_and_grads_close(out, grads, (q, k, v, mask), dout, math_reference("none"), dtype,
+                                  ("dq", "dk", "dv", "dmask"))

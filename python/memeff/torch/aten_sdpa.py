@@ -41,7 +41,8 @@ import torch
 import memeff.torch as _package  # partly initialized: this module is imported at its end
 
 IMPL_NAME = "memeff"
-SLOTS = ("flash", "efficient", "cudnn")
+SLOTS = ("flash", "efficient", "cudnn")  # the fused slots
+MATH_SLOT = "math"  # the calls PyTorch sends to its math path (aten_sdpa_math.py): opt-in
 
 _log = logging.getLogger("memeff.torch.sdpa")
 _ops = torch.ops.memeff
@@ -463,20 +464,25 @@ def _kernels_of(slots: Sequence[str]) -> Dict[str, object]:
         elif slot == "cudnn":
             from . import aten_sdpa_cudnn
             kernels.update(aten_sdpa_cudnn.KERNELS)
+        elif slot == MATH_SLOT:
+            from . import aten_sdpa_math
+            kernels.update(aten_sdpa_math.KERNELS)
         else:
-            raise ValueError(f"memeff: argument `slots`: expected names among {SLOTS}, got "
-                             f"{slot!r}")
+            raise ValueError(f"memeff: argument `slots`: expected names among "
+                             f"{SLOTS + (MATH_SLOT,)}, got {slot!r}")
     return {name: fn for name, fn in kernels.items() if _has_aten_op(name)}
 
 
-def _keep_original(name: str, dispatch_key: str):
+def _keep_original(name: str, dispatch_key: str, computed: bool = False):
     """PyTorch's kernel of aten::name for dispatch_key, callable after memeff's replaces it (None
-    where this torch cannot keep kernels, or has none for that key)."""
+    where this torch cannot keep kernels, or has none for that key). computed: the kernel the
+    dispatcher runs for that key though none is registered there (a composite one)."""
     get_kernel = getattr(torch.library, "get_kernel", None)
     if get_kernel is None:
         return None
     try:
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", dispatch_key):
+        if not computed and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}",
+                                                                               dispatch_key):
             return None
         return get_kernel(f"aten::{name}", dispatch_key)
     except (RuntimeError, AttributeError):
@@ -520,9 +526,16 @@ def register_kernels(slots: Sequence[str] = ("flash",), dispatch_key: str = "CUD
     kernels = _kernels_of(slots)
     if _handle is not None:
         _handle.remove()
+    from .aten_sdpa_math import AUTOGRAD_LEVEL
+
     _original.clear()
     for name in kernels:
-        _original[name] = _keep_original(name, dispatch_key)
+        # The math slot's kernel goes to the device's autograd key, where PyTorch runs its
+        # composite implementation.
+        if name in AUTOGRAD_LEVEL:
+            _original[name] = _keep_original(name, "Autograd" + dispatch_key, computed=True)
+        else:
+            _original[name] = _keep_original(name, dispatch_key)
     library = torch.library.Library("aten", "IMPL")
     # Torch builds whose Library.impl refuses to replace a kernel registered from Python unless
     # told (allow_override, off by default there) get told, as newer builds do by default.
@@ -532,7 +545,8 @@ def register_kernels(slots: Sequence[str] = ("flash",), dispatch_key: str = "CUD
         # Replacing a kernel PyTorch registered is the point; its warning says nothing new.
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for name, fn in kernels.items():
-            library.impl(name, fn, dispatch_key, with_keyset=True, **override)
+            key = "Autograd" + dispatch_key if name in AUTOGRAD_LEVEL else dispatch_key
+            library.impl(name, fn, key, with_keyset=True, **override)
     _handle = Handle(library, slots, tuple(kernels))
     return _handle
 
@@ -566,7 +580,9 @@ def register_with_torch() -> bool:
 def activate(slots: Sequence[str] = ("flash",)) -> Handle:
     """Run torch.nn.functional.scaled_dot_product_attention's fused CUDA kernels with memeff:
     the flash slot by default; slots=("flash", "efficient", "cudnn") takes the memory-efficient
-    slot (attn_bias and its gradient, fp32) and cuDNN's too (any subset may be named). Through
+    slot (attn_bias and its gradient, fp32) and cuDNN's too (any subset may be named), and
+    "math" the calls PyTorch's dispatcher would send to its math path although a fused backend
+    is enabled (aten_sdpa_math.py; not by default). Through
     torch's registry where it exists (the same as
     torch.nn.attention.activate_flash_attention_impl("memeff")), else directly. Returns the
     Handle; deactivate() (or the registry's restore_flash_attention_impl()) undoes it."""

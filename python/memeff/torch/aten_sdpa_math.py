@@ -1,0 +1,66 @@
+"""The calls PyTorch's SDPA dispatcher sends to its math path, run by memeff
+(memeff.torch.activate(slots=(..., "math"))).
+
+PyTorch chooses a backend for ``aten::scaled_dot_product_attention`` in C++ before any slot's
+kernel runs, and some calls it sends to its math path (the attention as separate matrix
+products, softmax and dropout) only because every fused kernel refused them: a mask broadcast
+with a zero stride in the key dimension (what transformers' "sdpa" masks are under torch.compile
+before torch 2.14), or a fused kernel disabled for that dtype or shape. The "math" slot puts a
+kernel for ``aten::scaled_dot_product_attention`` itself at the autograd dispatch key of the
+device: a call PyTorch would run on its math path while some fused backend is enabled runs
+memeff's ``scaled_dot_product_attention`` (its autograd included) instead; every other call goes
+on to PyTorch's own implementation (and from there to the fused slots, which memeff may hold
+too). A call where the math path is all that is enabled (``sdpa_kernel(SDPBackend.MATH)``) runs
+PyTorch's math path: the user asked for it."""
+
+import torch
+
+from .aten_sdpa import Unsupported, _note, _original, _package, _require_supported
+
+_MATH = 0  # SDPBackend::math in PyTorch's C++ enum (what aten::_fused_sdp_choice returns)
+_FUSED_ENABLED = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled")
+
+
+def _some_fused_backend_enabled() -> bool:
+    backends = torch.backends.cuda
+    return any(getattr(backends, name, lambda: False)() for name in _FUSED_ENABLED)
+
+
+def sdpa_math_slot(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                   scale=None, enable_gqa=False):
+    """aten::scaled_dot_product_attention at the device's autograd key (with_keyset)."""
+    args = (query, key, value, attn_mask, dropout_p, is_causal)
+    kwargs = {"scale": scale, "enable_gqa": enable_gqa}
+    try:
+        if not _some_fused_backend_enabled():
+            raise Unsupported("the math path is all that is enabled (sdpa_kernel)")
+        choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
+                                         scale=scale, enable_gqa=enable_gqa)
+        if int(choice) != _MATH:
+            # A fused kernel takes it: PyTorch's implementation calls its slot (no record here;
+            # the slot's kernel records the call if memeff holds that slot).
+            return _original["scaled_dot_product_attention"].call_boxed(keyset, *args, **kwargs)
+        _require_supported(query, key, value, attn_mask)
+        if attn_mask is not None and is_causal:
+            raise Unsupported("attn_mask and is_causal together (PyTorch's error)")
+        if any(t.dim() not in (3, 4) for t in (query, key, value)):
+            raise Unsupported("inputs of other than 3 or 4 dimensions")
+        out = _package.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                                    dropout_p=dropout_p, is_causal=is_causal,
+                                                    scale=scale, enable_gqa=enable_gqa)
+    except Unsupported as why:
+        _note("scaled_dot_product_attention", str(why))
+        return _original["scaled_dot_product_attention"].call_boxed(keyset, *args, **kwargs)
+    except (NotImplementedError, ValueError) as why:
+        # No memeff backend for this call, or a form memeff's op refuses (a mask shape, heads
+        # without enable_gqa, ...): PyTorch's math path takes it, or gives its own error.
+        _note("scaled_dot_product_attention", f"memeff: {str(why).splitlines()[0]}")
+        return _original["scaled_dot_product_attention"].call_boxed(keyset, *args, **kwargs)
+    _note("scaled_dot_product_attention", "")
+    return out
+
+
+KERNELS = {"scaled_dot_product_attention": sdpa_math_slot}
+# Kernels that go to the device's autograd key (their gradients are memeff's op's), replacing
+# PyTorch's composite implementation there, which is kept for the calls they pass on.
+AUTOGRAD_LEVEL = frozenset(KERNELS)
