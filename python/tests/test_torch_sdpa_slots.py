@@ -731,6 +731,10 @@ def test_math_slot_passes_fused_and_forced_math_calls_on(cpu_math_slot):
     assert [(c.op, c.ran) for c in calls] == [("scaled_dot_product_attention", "pytorch")]
     assert "all that is enabled" in calls[0].reason
     assert out.grad_fn is not None and "memeff" not in type(out.grad_fn).__name__.lower()
+    # Inference mode skips the autograd key, and with it the slot: PyTorch's math path.
+    with torch.inference_mode(), mt.explain_sdpa() as calls:
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.2)
+    assert calls == []
 
 
 def test_math_slot_leaves_what_memeff_refuses_to_pytorch(cpu_math_slot):

@@ -11,7 +11,8 @@ device: a call PyTorch would run on its math path while some fused backend is en
 memeff's ``scaled_dot_product_attention`` (its autograd included) instead; every other call goes
 on to PyTorch's own implementation (and from there to the fused slots, which memeff may hold
 too). A call where the math path is all that is enabled (``sdpa_kernel(SDPBackend.MATH)``) runs
-PyTorch's math path: the user asked for it."""
+PyTorch's math path: the user asked for it. Under torch.inference_mode() no call reaches an
+autograd key, so PyTorch's path runs there."""
 
 import torch
 
