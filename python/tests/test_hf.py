@@ -94,7 +94,7 @@ def test_encoder_matches_sdpa(device, pad):
     compare(reference, model, ids, mask, "last_hidden_state")
 
 
-@pytest.mark.parametrize("pad", [None, "left"])
+@pytest.mark.parametrize("pad", [None, "left", "right"])
 def test_decoder_with_gqa_matches_sdpa(device, pad):
     reference, model = pair(transformers.LlamaForCausalLM, llama_config(), device)
     ids, mask = inputs(device, pad=pad)
@@ -465,3 +465,42 @@ def test_compiled_models_pass_no_mask(model_class, config):
         assert node.args[3] is None, node.format_node()  # no bias
         causal = "top_left" if model_class is transformers.LlamaForCausalLM else "none"
         assert causal in [a for a in node.args if isinstance(a, str)], node.format_node()
+
+
+def test_right_padded_decoder_runs_key_lengths(device, monkeypatch):
+    # A decoder's right-padded training batch runs as per-batch key lengths with top-left causal
+    # (no [B, 1, L, L] mask), with the dense path's dropout mask: the same seed gives the same
+    # step as the key-padding bias under causal mode.
+    model = memeff_model(llama_config(attention_dropout=0.25), device).train()
+    ids, mask = encoder_batch(device, (12, 7, 1))
+    calls = AttentionCalls(monkeypatch)
+
+    def run(m):
+        torch.manual_seed(6)
+        logits = m(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        return [logits[b, :n] for b, n in enumerate((12, 7, 1))]
+
+    result = step(model, run)
+    assert (calls.dense, calls.packed) == (0, 2)
+    monkeypatch.setattr(mhf, "_right_padding", lambda mask, key: None)
+    reference = step(model, run)
+    assert (calls.dense, calls.packed) == (2, 2)
+    assert_same_training_signal([reference, result], device)
+
+
+def test_causal_right_padding_is_kept_as_rows_only_where_it_holds():
+    from transformers import masking_utils as mu
+    padding = torch.ones(2, 8, dtype=torch.long)
+    padding[1, 5:] = 0
+    request = dict(batch_size=2, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+                   mask_function=mu.causal_mask_function, attention_mask=padding,
+                   local_size=None, allow_is_causal_skip=True, device="cpu")
+    rows = mhf.mask_function(**request)
+    assert rows.shape == (2, 1, 1, 8) and mhf._is_causal_padding(rows)
+    assert not mhf._is_causal_padding(rows.clone())  # only the object mask_function returned
+    for other in (dict(request, attention_mask=padding.flip(1)),  # left padding
+                  dict(request, q_length=4, q_offset=4),  # a chunk after a cache
+                  dict(request, mask_function=mu.sliding_window_causal_mask_function(3))):
+        mask = mhf.mask_function(**other)
+        assert mask is None or not mhf._is_causal_padding(mask)
+        assert mask is None or mask.shape[2] == other["q_length"]

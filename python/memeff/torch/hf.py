@@ -14,8 +14,9 @@ the [B, L, H, D] layout transformers wants with no copy, since memeff's output t
 [B, L, H, D] storage order.
 
 A plain causal or bidirectional pattern without padding gets no mask, under torch.compile too
-(mask_function), and an encoder's right-padded batch runs as per-batch key lengths through
-varlen_attention instead of a [B, 1, 1, Lk] bias (eager calls; _right_padding).
+(mask_function), and a right-padded batch (an encoder's, or a decoder's with as many queries as
+keys) runs as per-batch key lengths through varlen_attention instead of reading a mask (eager
+calls; _right_padding, _causal_right_padding).
 
 Padding-free (packed) batches run memeff.torch.varlen_attention, as transformers runs
 flash-attention's varlen function for them: sequences concatenated into one row (batch 1) whose
@@ -67,18 +68,24 @@ def attention_forward(
                                       f"supported; use another attn_implementation for this model")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    # A decoder's right padding as mask_function returns it: key-padding rows that carry the
+    # causal pattern with them (top-left: as many queries as keys, from position 0).
+    causal_padding = _is_causal_padding(attention_mask)
     if attention_mask is None and position_bias is None:
         packing = _packing(query, key, kwargs)
         if packing is not None:
             return _varlen_forward(query, key, value, packing, dropout, scaling, is_causal), None
-    elif position_bias is None and not is_causal:
+    elif position_bias is None and (causal_padding or not is_causal):
         keys = _right_padding(attention_mask, key)
         if keys is not None:
-            return _key_lengths_forward(query, key, value, keys, dropout, scaling), None
+            return _key_lengths_forward(query, key, value, keys, dropout, scaling,
+                                        "top_left" if causal_padding else None), None
     # As transformers' sdpa_attention_forward decides it: causal only when the mask was left out
     # because it was purely causal (an explicit mask already holds the causal pattern), never for
     # a single query (decoding), and for decoder modules (module.is_causal) unless told otherwise.
-    causal = "top_left" if query.shape[2] > 1 and attention_mask is None and is_causal else None
+    # A causal padding mask holds only the padding: the causal pattern comes from the mode.
+    causal = ("top_left" if query.shape[2] > 1 and (attention_mask is None and is_causal or
+                                                    causal_padding) else None)
     bias = attention_mask
     if position_bias is not None:  # T5-style learned relative bias: add the mask to it
         if attention_mask is None:
@@ -176,6 +183,42 @@ def _varlen_forward(query, key, value, packing, dropout, scaling, is_causal) -> 
 
 # Right-padded key masks ----------------------------------------------------------------------
 
+# The [B, 1, 1, Lk] masks mask_function returned for a decoder's right padding, by id: they hold
+# the padding only, and the attention adds the causal pattern (_is_causal_padding).
+_causal_padding_masks: "weakref.WeakValueDictionary[int, torch.Tensor]" = (
+    weakref.WeakValueDictionary())
+
+
+def _is_causal_padding(mask: Optional[torch.Tensor]) -> bool:
+    return mask is not None and _causal_padding_masks.get(id(mask)) is mask
+
+
+def _causal_right_padding(kwargs) -> Optional[torch.Tensor]:
+    """For a plain causal pattern over a right-padded batch with as many queries as keys, from
+    position 0 (a decoder's training or prefill step), eager: the padding as [B, 1, 1, Lk]
+    boolean rows, remembered as causal (the attention runs it as key lengths with top-left
+    causal, or as a key-padding bias under causal mode), instead of transformers' [B, 1, Lq, Lk]
+    mask. None otherwise (transformers' mask then)."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask
+
+    padding = kwargs.get("attention_mask")
+    q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
+    if (padding is None or padding.dim() != 2 or kwargs.get("local_size") is not None
+            or kwargs.get("mask_function", causal_mask_function) is not causal_mask_function
+            or not isinstance(q_length, int) or q_length != kv_length
+            or kwargs.get("q_offset", 0) != 0 or isinstance(kwargs.get("q_offset"), torch.Tensor)
+            or kwargs.get("kv_offset", 0) != 0 or torch.compiler.is_compiling()):
+        return None
+    padding = prepare_padding_mask(padding, kv_length, 0)
+    rows = padding.to(device=kwargs.get("device", padding.device), dtype=torch.bool)[:, None, None, :]
+    if rows.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    if _right_padding_of(rows) is None:  # left padding, holes, or none at all
+        return None
+    _causal_padding_masks[id(rows)] = rows
+    return rows
+
+
 def _right_padding(mask: Optional[torch.Tensor], key: torch.Tensor):
     """(rows, cu_seqlens_k, max_k) of an encoder's key-padding mask ([B, 1, 1, Lk] boolean, as
     mask_function returns it) whose every row is a prefix of True (right padding) and that
@@ -207,19 +250,21 @@ def _right_padding_of(mask: torch.Tensor):
     return rows, cu_seqlens, max(longest, 1)
 
 
-def _key_lengths_forward(query, key, value, keys, dropout, scaling) -> torch.Tensor:
-    """An encoder's right-padded batch as per-batch key lengths: query [B, Hq, L, D] as B
-    sequences of L queries (every row, padded ones included, as the dense path computes them)
-    over only the keys each one sees, gathered into packed rows (a copy of the visible keys and
-    values, about 2·B·Lk·Hkv·D elements), run by varlen_attention, so no bias is read and no
-    padded key block is visited. Dropout element (b, h, i, j) is the dense call's: each
-    sequence's keys keep their positions (a prefix). -> [B, L, Hq, Dv]."""
+def _key_lengths_forward(query, key, value, keys, dropout, scaling,
+                         causal: Optional[str] = None) -> torch.Tensor:
+    """A right-padded batch as per-batch key lengths: query [B, Hq, L, D] as B sequences of L
+    queries (every row, padded ones included, as the dense path computes them) over only the
+    keys each one sees, gathered into packed rows (a copy of the visible keys and values, about
+    2·B·Lk·Hkv·D elements), run by varlen_attention, so no bias is read and no padded key block
+    is visited; causal "top_left" for a decoder's (query i sees its keys j <= i). Dropout element
+    (b, h, i, j) is the dense call's: each sequence's keys keep their positions (a prefix).
+    -> [B, L, Hq, Dv]."""
     rows_k, cu_k, max_k = keys
     B, Hq, L, _ = query.shape
     cu_q = torch.arange(0, (B + 1) * L, L, dtype=torch.int32, device=query.device)
     out = varlen_attention(_rows(query), _rows(key).index_select(0, rows_k),
                            _rows(value).index_select(0, rows_k), cu_q, cu_k, L, max_k,
-                           dropout_p=dropout, causal=None, scale=scaling)
+                           dropout_p=dropout, causal=causal, scale=scaling)
     return out.reshape(B, L, Hq, out.shape[-1])
 
 
@@ -280,6 +325,10 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     padding = kwargs.get("attention_mask")
     if not args and _no_mask_needed(kwargs):
         return None
+    if not args:
+        rows = _causal_right_padding(kwargs)
+        if rows is not None:
+            return rows
     # A packed row (transformers found sequences in position_ids): no mask, the attention runs
     # varlen_attention on the same position_ids (it takes them for batch 1 only). Kept under
     # torch.compile (see the module's docstring).
