@@ -8,7 +8,8 @@ torch's SDPA backends, in one run, eager or under torch.compile (--compile): a B
 init, L = 512, attention dropout 0.1) and a small Llama-style decoder with grouped-query
 attention (causal, no attention dropout, as Llama trains). bf16 autocast, AdamW.
 
-    python3 python/bench_hf.py [--models bert,llama] [--compile [MODE]] [--json FILE]
+    python3 python/bench_hf.py [--models bert,llama] [--compile [MODE]] [--bert-pad F]
+                               [--llama-pad F] [--json FILE]
 
 Timing: CUDA events around each step (forward, backward, optimizer step) after warm-up steps;
 median and minimum of --steps steps; peak memory of the timed steps. "vs best torch" is the
@@ -39,6 +40,8 @@ def parse_args():
     ap.add_argument("--bert-pad", type=float, default=0.0, metavar="F",
                     help="right-pad the BERT batch: sequence lengths drawn uniformly from "
                          "[F·seq, seq] (default 0: no padding, no attention_mask)")
+    ap.add_argument("--llama-pad", type=float, default=0.0, metavar="F",
+                    help="right-pad the Llama batch the same way")
     ap.add_argument("--llama-batch", type=int, default=8)
     ap.add_argument("--llama-seq", type=int, default=1024)
     ap.add_argument("--dtype", choices=list(bc.DTYPES), default="bf16")
@@ -84,8 +87,9 @@ def model_case(kind, args, device, small):
         batch, seq = min(batch, 2), min(seq, 64)
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
     mask = None
-    if kind == "bert" and getattr(args, "bert_pad", 0.0) > 0:
-        lengths = torch.randint(max(1, int(args.bert_pad * seq)), seq + 1, (batch,), generator=gen)
+    pad = getattr(args, f"{kind}_pad", 0.0)
+    if pad > 0:
+        lengths = torch.randint(max(1, int(pad * seq)), seq + 1, (batch,), generator=gen)
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).long().to(device)
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
     title = (f"{cls.__name__}: {config.num_hidden_layers} layers, width {config.hidden_size}, "

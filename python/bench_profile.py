@@ -82,6 +82,8 @@ def parse_args():
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--bert-pad", type=float, default=0.0, metavar="F",
                     help="right-pad the BERT batch (see bench_hf.py)")
+    ap.add_argument("--llama-pad", type=float, default=0.0, metavar="F",
+                    help="right-pad the Llama batch (see bench_hf.py)")
     for name in ("bert_batch", "bert_seq", "llama_batch", "llama_seq"):
         ap.add_argument("--" + name.replace("_", "-"), type=int,
                         default={"bert_batch": 32, "bert_seq": 512, "llama_batch": 8,

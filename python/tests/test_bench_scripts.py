@@ -32,7 +32,8 @@ def test_bench_train_runs(tmp_path):
     assert all(r["ms"] > 0 for r in report["results"])
 
 
-@pytest.mark.parametrize("extra", [[], ["--bert-pad", "0.5"]], ids=["plain", "padded"])
+@pytest.mark.parametrize("extra", [[], ["--bert-pad", "0.5", "--llama-pad", "0.5"]],
+                         ids=["plain", "padded"])
 def test_bench_hf_runs(tmp_path, extra):
     pytest.importorskip("transformers")
     stdout, report = run_script("bench_hf.py", "--steps", "1", "--warmup", "1",
