@@ -504,3 +504,22 @@ def test_causal_right_padding_is_kept_as_rows_only_where_it_holds():
         mask = mhf.mask_function(**other)
         assert mask is None or not mhf._is_causal_padding(mask)
         assert mask is None or mask.shape[2] == other["q_length"]
+
+
+def test_key_lengths_fall_back_to_the_dense_path_where_no_backend_takes_them(device, monkeypatch):
+    # A packed call memeff has no backend for (fp32 on a GPU, say) runs the dense path with the
+    # same mask: here every packed call is refused.
+    def refused(*args, **kwargs):
+        raise NotImplementedError("memeff: no backend for this packed call (test)")
+
+    model = memeff_model(bert_config(), device, transformers.BertModel)
+    ids, mask = encoder_batch(device, (12, 7))
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        calls = AttentionCalls(monkeypatch)
+        monkeypatch.setattr(mhf, "varlen_attention", refused)
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert calls.dense == 2
+    keep = mask.unsqueeze(-1).to(out.dtype)
+    tol = 1e-5 if device == "cpu" else 2e-2  # bf16 on a GPU: two kernels' rounding
+    torch.testing.assert_close(out * keep, expected * keep, rtol=tol, atol=tol)

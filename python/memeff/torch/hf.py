@@ -76,10 +76,16 @@ def attention_forward(
         if packing is not None:
             return _varlen_forward(query, key, value, packing, dropout, scaling, is_causal), None
     elif position_bias is None and (causal_padding or not is_causal):
-        keys = _right_padding(attention_mask, key)
+        # fp32 packed calls have no CUDA backend (the fused kernels take 16-bit inputs): those,
+        # and any other packed call no backend takes, run the dense path below, the same mask.
+        keys = None if query.is_cuda and query.dtype == torch.float32 else _right_padding(
+            attention_mask, key)
         if keys is not None:
-            return _key_lengths_forward(query, key, value, keys, dropout, scaling,
-                                        "top_left" if causal_padding else None), None
+            try:
+                return _key_lengths_forward(query, key, value, keys, dropout, scaling,
+                                            "top_left" if causal_padding else None), None
+            except NotImplementedError:
+                pass
     # As transformers' sdpa_attention_forward decides it: causal only when the mask was left out
     # because it was purely causal (an explicit mask already holds the causal pattern), never for
     # a single query (decoding), and for decoder modules (module.is_causal) unless told otherwise.
