@@ -3,10 +3,10 @@
 (attn_implementation="memeff", memeff.torch.hf), with transformers' "sdpa" attention under
 PyTorch's default dispatch ("default"), with memeff's kernels in that dispatcher's slots
 ("slots": memeff.torch.activate(("flash", "efficient", "cudnn")); "slots_math" adds the math
-slot) and forced onto each of
-torch's SDPA backends, in one run, eager or under torch.compile (--compile): a BERT-base-sized masked-LM encoder (random
-init, L = 512, attention dropout 0.1) and a small Llama-style decoder with grouped-query
-attention (causal, no attention dropout, as Llama trains). bf16 autocast, AdamW.
+slot) and forced onto each of torch's SDPA backends, in one run, eager or under torch.compile
+(--compile): a BERT-base-sized masked-LM encoder (random init, L = 512, attention dropout 0.1)
+and a small Llama-style decoder with grouped-query attention (causal, no attention dropout, as
+Llama trains). bf16 autocast, AdamW.
 
     python3 python/bench_hf.py [--models bert,llama] [--compile [MODE]] [--bert-pad F]
                                [--llama-pad F] [--json FILE]

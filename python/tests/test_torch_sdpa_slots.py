@@ -797,7 +797,8 @@ def test_math_slot_takes_a_zero_stride_mask_on_gpu():
     gen = seeded_generator("math-slot-gpu")
     q, k, v = leaves(gen, "cuda", dtype, (B, H, L, D), (B, H, L, D), (B, H, L, D))
     dout = torch.randn(B, H, L, D, generator=gen).to("cuda", dtype)
-    mask = torch.ones(B, 1, L, 1, dtype=torch.bool, device="cuda").expand(B, 1, L, L)  # key stride 0
+    # Broadcast over the keys: their stride is 0.
+    mask = torch.ones(B, 1, L, 1, dtype=torch.bool, device="cuda").expand(B, 1, L, L)
     assert int(torch._fused_sdp_choice(q, k, v, mask, 0.0, False)) == 0
     mt.activate(slots=("flash", "efficient", "cudnn", "math"))
     try:

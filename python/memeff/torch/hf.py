@@ -114,6 +114,7 @@ def attention_forward(
 
 _PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
+
 def _read_once_per_tensor(read):
     """read(tensor), a function of a tensor's values, remembered for the latest tensor (the same
     object at the same version): every layer of a forward gets the same position_ids or mask,
@@ -216,7 +217,8 @@ def _causal_right_padding(kwargs) -> Optional[torch.Tensor]:
             or kwargs.get("kv_offset", 0) != 0 or torch.compiler.is_compiling()):
         return None
     padding = prepare_padding_mask(padding, kv_length, 0)
-    rows = padding.to(device=kwargs.get("device", padding.device), dtype=torch.bool)[:, None, None, :]
+    device = kwargs.get("device", padding.device)
+    rows = padding.to(device=device, dtype=torch.bool)[:, None, None, :]
     if rows.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
     if _right_padding_of(rows) is None:  # left padding, holes, or none at all
