@@ -84,11 +84,10 @@ def describe(env) -> str:
 
 # Names a --backends list may hold besides TORCH_BACKENDS: memeff's own op ("memeff"; in
 # bench_hf.py attn_implementation="memeff"), PyTorch's default SDPA dispatch ("default"), that
-# dispatch with memeff's kernels in its flash, efficient and cuDNN slots ("slots":
-# memeff.torch.activate(SLOTS)) and in its math path too ("slots_math").
-OTHER_BACKENDS = ("memeff", "slots", "slots_math", "default")
-SLOTS = ("flash", "efficient", "cudnn")
-SLOTS_OF = {"slots": SLOTS, "slots_math": SLOTS + ("math",)}
+# dispatch with memeff's kernels in its fused slots ("slots": memeff.torch.activate of
+# aten_sdpa.SLOTS) and in its math path too ("slots_math").
+SLOT_BACKENDS = ("slots", "slots_math")
+OTHER_BACKENDS = ("memeff",) + SLOT_BACKENDS + ("default",)
 
 
 def backend_names(spec, device):
@@ -104,12 +103,6 @@ def backend_names(spec, device):
             else names)
 
 
-def uses_torch_sdpa(name) -> bool:
-    """Whether a backend name runs the model's attention through torch's SDPA (every name but
-    memeff's own op)."""
-    return name != "memeff"
-
-
 def backend_guard(name):
     """The context a backend name runs in: sdpa_kernel(backend) for a forced torch backend,
     memeff's slots activated for "slots" and "slots_math", nothing for "memeff" and
@@ -120,20 +113,27 @@ def backend_guard(name):
 
     if name in TORCH_BACKENDS:
         return sdpa_kernel(TORCH_BACKENDS[name])
-    if name not in SLOTS_OF:
+    if name not in SLOT_BACKENDS:
         return nullcontext()
 
     @contextmanager
     def slots():
         import memeff.torch as mt
+        from memeff.torch import aten_sdpa
 
-        mt.activate(SLOTS_OF[name])
+        mt.activate(aten_sdpa.SLOTS + ((aten_sdpa.MATH_SLOT,) if name == "slots_math" else ()))
         try:
             yield
         finally:
             mt.deactivate()
 
     return slots()
+
+
+def add_compile_argument(ap):
+    """--compile [MODE]: run the model under torch.compile (maybe_compile)."""
+    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                    help="run the model under torch.compile (mode: default, max-autotune, ...)")
 
 
 def maybe_compile(model, compile_mode):
@@ -195,7 +195,7 @@ def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
         with guard:
             for _ in range(warmup):
                 step()
-            if name in SLOTS_OF:
+            if name in SLOT_BACKENDS:
                 result["calls"] = memeff_calls(step)
             result["graph_breaks"] = graph_breaks()
             if device.type == "cuda":
@@ -217,8 +217,8 @@ def bench_training_step(name, build, loss_of, device, dtype, warmup, steps):
 
 def memeff_calls(step) -> str:
     """What one more call of step() sent through memeff's slots: "memeff ran N of M slot calls
-    (op: count ...), PyTorch ran K (reasons)"; nothing reaches the slots when torch's dispatcher
-    chose its math path."""
+    (op: count ...), PyTorch ran K (reasons)"; without the math slot, nothing reaches the slots
+    when torch's dispatcher chose its math path."""
     import memeff.torch as mt
 
     with mt.explain_sdpa() as calls:

@@ -28,26 +28,31 @@ import transformers
 import memeff.torch.hf as mhf
 
 
-def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_arguments(ap, steps):
+    """The models' arguments, shared with bench_profile.py: which models, their batch shapes and
+    padding, --compile, the autocast dtype and the warm-up and timed (or profiled) steps."""
     ap.add_argument("--models", default="bert,llama", help="comma-separated: bert, llama")
-    ap.add_argument("--backends", default="memeff,slots,default," + ",".join(bc.TORCH_BACKENDS),
-                    help="memeff, slots, default and torch SDPA backends to time")
-    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
-                    help="run the model under torch.compile (mode: default, max-autotune, ...)")
+    bc.add_compile_argument(ap)
     ap.add_argument("--bert-batch", type=int, default=32)
     ap.add_argument("--bert-seq", type=int, default=512)
     ap.add_argument("--bert-pad", type=float, default=0.0, metavar="F",
                     help="right-pad the BERT batch: sequence lengths drawn uniformly from "
                          "[F·seq, seq] (default 0: no padding, no attention_mask)")
-    ap.add_argument("--llama-pad", type=float, default=0.0, metavar="F",
-                    help="right-pad the Llama batch the same way")
     ap.add_argument("--llama-batch", type=int, default=8)
     ap.add_argument("--llama-seq", type=int, default=1024)
+    ap.add_argument("--llama-pad", type=float, default=0.0, metavar="F",
+                    help="right-pad the Llama batch the same way")
     ap.add_argument("--dtype", choices=list(bc.DTYPES), default="bf16")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--json", help="also write the results to this file")
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", default="memeff,slots,default," + ",".join(bc.TORCH_BACKENDS),
+                    help="memeff, slots, default and torch SDPA backends to time")
+    add_model_arguments(ap, steps=10)
     return ap.parse_args()
 
 

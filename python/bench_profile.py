@@ -72,30 +72,10 @@ _ANNOTATIONS = {"train_step", "ProfilerStep"}
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="bert,llama")
     ap.add_argument("--backends", default="memeff,cudnn,slots")
-    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE")
-    ap.add_argument("--dtype", choices=list(bc.DTYPES), default="bf16")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=5, help="profiled steps (the table is per step)")
     ap.add_argument("--top", type=int, default=12, help="busiest kernels listed per backend")
-    ap.add_argument("--json", help="also write the results to this file")
-    ap.add_argument("--bert-pad", type=float, default=0.0, metavar="F",
-                    help="right-pad the BERT batch (see bench_hf.py)")
-    ap.add_argument("--llama-pad", type=float, default=0.0, metavar="F",
-                    help="right-pad the Llama batch (see bench_hf.py)")
-    for name in ("bert_batch", "bert_seq", "llama_batch", "llama_seq"):
-        ap.add_argument("--" + name.replace("_", "-"), type=int,
-                        default={"bert_batch": 32, "bert_seq": 512, "llama_batch": 8,
-                                 "llama_seq": 1024}[name])
+    bench_hf.add_model_arguments(ap, steps=5)  # --steps: profiled steps (the table is per step)
     return ap.parse_args()
-
-
-def _device_us(evt) -> float:
-    for attr in ("self_device_time_total", "self_cuda_time_total"):
-        if hasattr(evt, attr):
-            return float(getattr(evt, attr))
-    return 0.0
 
 
 def _is_kernel(evt) -> bool:
@@ -118,7 +98,7 @@ def profile_steps(name, build, loss_of, device, dtype, warmup, steps):
         with guard:
             for _ in range(warmup):
                 step()
-            calls = bc.memeff_calls(step) if name in bc.SLOTS_OF else ""
+            calls = bc.memeff_calls(step) if name in bc.SLOT_BACKENDS else ""
             if device.type == "cuda":
                 torch.cuda.synchronize()
             with profile(activities=activities) as prof:
@@ -156,7 +136,7 @@ def profile_steps(name, build, loss_of, device, dtype, warmup, steps):
                 host[kind][0] += evt.self_cpu_time_total / 1e3 / steps
                 host[kind][1] += 1 / steps
                 break
-    kernels = [(name, v[0], v[1]) for name, v in per_kernel.items()]
+    kernels = [(kernel, v[0], v[1]) for kernel, v in per_kernel.items()]
     kernels.sort(key=lambda k: -k[1])
     return {"backend": name, "gpu": gpu, "host": host, "kernels": kernels, "calls": calls,
             "graph_breaks": bc.graph_breaks(),

@@ -36,8 +36,7 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--backends", default="memeff,slots,default," + ",".join(bc.TORCH_BACKENDS))
-    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
-                    help="run the model under torch.compile (mode: default, max-autotune, ...)")
+    bc.add_compile_argument(ap)
     ap.add_argument("--json", help="also write the results to this file")
     return ap.parse_args()
 

@@ -513,6 +513,12 @@ class Handle:
             _handle = None
 
 
+# Ops PyTorch implements as a composite of others (no kernel of their own per device): memeff's
+# kernel goes to the device's autograd key (its gradients are memeff's op's), and PyTorch's
+# composite implementation, which the dispatcher runs there otherwise, is kept for the calls
+# memeff passes on.
+_COMPOSITE_OPS = frozenset({"scaled_dot_product_attention"})
+
 _handle: Optional[Handle] = None
 _requested_slots: Tuple[str, ...] = ("flash",)
 
@@ -526,13 +532,9 @@ def register_kernels(slots: Sequence[str] = ("flash",), dispatch_key: str = "CUD
     kernels = _kernels_of(slots)
     if _handle is not None:
         _handle.remove()
-    from .aten_sdpa_math import AUTOGRAD_LEVEL
-
     _original.clear()
     for name in kernels:
-        # The math slot's kernel goes to the device's autograd key, where PyTorch runs its
-        # composite implementation.
-        if name in AUTOGRAD_LEVEL:
+        if name in _COMPOSITE_OPS:
             _original[name] = _keep_original(name, "Autograd" + dispatch_key, computed=True)
         else:
             _original[name] = _keep_original(name, dispatch_key)
@@ -545,7 +547,7 @@ def register_kernels(slots: Sequence[str] = ("flash",), dispatch_key: str = "CUD
         # Replacing a kernel PyTorch registered is the point; its warning says nothing new.
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for name, fn in kernels.items():
-            key = "Autograd" + dispatch_key if name in AUTOGRAD_LEVEL else dispatch_key
+            key = "Autograd" + dispatch_key if name in _COMPOSITE_OPS else dispatch_key
             library.impl(name, fn, key, with_keyset=True, **override)
     _handle = Handle(library, slots, tuple(kernels))
     return _handle

@@ -16,15 +16,35 @@ autograd key, so PyTorch's path runs there."""
 
 import torch
 
-from .aten_sdpa import Unsupported, _note, _original, _package, _require_supported
+from .aten_sdpa import Unsupported, _fallback, _original, _package, _require_supported, slot_kernel
 
+_OP = "scaled_dot_product_attention"
 _MATH = 0  # SDPBackend::math in PyTorch's C++ enum (what aten::_fused_sdp_choice returns)
-_FUSED_ENABLED = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled")
 
 
 def _some_fused_backend_enabled() -> bool:
     backends = torch.backends.cuda
-    return any(getattr(backends, name, lambda: False)() for name in _FUSED_ENABLED)
+    return (backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled()
+            or backends.cudnn_sdp_enabled())
+
+
+@slot_kernel(_OP)
+def _memeff_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                 scale=None, enable_gqa=False):
+    """A call PyTorch's dispatcher gave its math path, run by memeff's op."""
+    _require_supported(query, key, value, attn_mask)
+    if attn_mask is not None and is_causal:
+        raise Unsupported("attn_mask and is_causal together (PyTorch's error)")
+    if any(t.dim() not in (3, 4) for t in (query, key, value)):
+        raise Unsupported("inputs of other than 3 or 4 dimensions")
+    try:
+        return _package.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                                     dropout_p=dropout_p, is_causal=is_causal,
+                                                     scale=scale, enable_gqa=enable_gqa)
+    except ValueError as why:
+        # A form memeff's op refuses (a mask shape, heads without enable_gqa, ...): PyTorch's
+        # math path takes it, or gives its own error.
+        raise Unsupported(f"memeff: {str(why).splitlines()[0]}") from why
 
 
 def sdpa_math_slot(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
@@ -32,36 +52,16 @@ def sdpa_math_slot(keyset, query, key, value, attn_mask=None, dropout_p=0.0, is_
     """aten::scaled_dot_product_attention at the device's autograd key (with_keyset)."""
     args = (query, key, value, attn_mask, dropout_p, is_causal)
     kwargs = {"scale": scale, "enable_gqa": enable_gqa}
-    try:
-        if not _some_fused_backend_enabled():
-            raise Unsupported("the math path is all that is enabled (sdpa_kernel)")
-        choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
-                                         scale=scale, enable_gqa=enable_gqa)
-        if int(choice) != _MATH:
-            # A fused kernel takes it: PyTorch's implementation calls its slot (no record here;
-            # the slot's kernel records the call if memeff holds that slot).
-            return _original["scaled_dot_product_attention"].call_boxed(keyset, *args, **kwargs)
-        _require_supported(query, key, value, attn_mask)
-        if attn_mask is not None and is_causal:
-            raise Unsupported("attn_mask and is_causal together (PyTorch's error)")
-        if any(t.dim() not in (3, 4) for t in (query, key, value)):
-            raise Unsupported("inputs of other than 3 or 4 dimensions")
-        out = _package.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                    dropout_p=dropout_p, is_causal=is_causal,
-                                                    scale=scale, enable_gqa=enable_gqa)
-    except Unsupported as why:
-        _note("scaled_dot_product_attention", str(why))
-        return _original["scaled_dot_product_attention"].call_boxed(keyset, *args, **kwargs)
-    except (NotImplementedError, ValueError) as why:
-        # No memeff backend for this call, or a form memeff's op refuses (a mask shape, heads
-        # without enable_gqa, ...): PyTorch's math path takes it, or gives its own error.
-        _note("scaled_dot_product_attention", f"memeff: {str(why).splitlines()[0]}")
-        return _original["scaled_dot_product_attention"].call_boxed(keyset, *args, **kwargs)
-    _note("scaled_dot_product_attention", "")
-    return out
+    if not _some_fused_backend_enabled():
+        return _fallback(_OP, "the math path is all that is enabled (sdpa_kernel)", keyset,
+                         args, kwargs)
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
+                                     scale=scale, enable_gqa=enable_gqa)
+    if int(choice) == _MATH:
+        return _memeff_math(keyset, *args, **kwargs)
+    # A fused kernel takes it: PyTorch's implementation calls its slot (no record here; the
+    # slot's kernel records the call if memeff holds that slot).
+    return _original[_OP].call_boxed(keyset, *args, **kwargs)
 
 
-KERNELS = {"scaled_dot_product_attention": sdpa_math_slot}
-# Kernels that go to the device's autograd key (their gradients are memeff's op's), replacing
-# PyTorch's composite implementation there, which is kept for the calls they pass on.
-AUTOGRAD_LEVEL = frozenset(KERNELS)
+KERNELS = {_OP: sdpa_math_slot}

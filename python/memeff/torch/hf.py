@@ -33,6 +33,7 @@ GPU machine has 5.17, this was also run with 5.25); transformers is imported onl
 and the mask function.
 """
 
+import collections
 import functools
 import weakref
 from typing import Optional, Tuple
@@ -206,7 +207,7 @@ def _causal_right_padding(kwargs) -> Optional[torch.Tensor]:
     boolean rows, remembered as causal (the attention runs it as key lengths with top-left
     causal, or as a key-padding bias under causal mode), instead of transformers' [B, 1, Lq, Lk]
     mask. None otherwise (transformers' mask then)."""
-    from transformers.masking_utils import causal_mask_function, prepare_padding_mask
+    from transformers.masking_utils import causal_mask_function
 
     padding = kwargs.get("attention_mask")
     q_length, kv_length = kwargs.get("q_length"), kwargs.get("kv_length")
@@ -216,46 +217,63 @@ def _causal_right_padding(kwargs) -> Optional[torch.Tensor]:
             or kwargs.get("q_offset", 0) != 0 or isinstance(kwargs.get("q_offset"), torch.Tensor)
             or kwargs.get("kv_offset", 0) != 0 or torch.compiler.is_compiling()):
         return None
-    padding = prepare_padding_mask(padding, kv_length, 0)
-    device = kwargs.get("device", padding.device)
-    rows = padding.to(device=device, dtype=torch.bool)[:, None, None, :]
-    if rows.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    if _right_padding_of(rows) is None:  # left padding, holes, or none at all
+    rows = _key_padding_rows(padding, kwargs, kv_length, 0)
+    found = _key_padding_of(rows)
+    if found is None or found.kind != "right":  # left padding, holes, none at all, or unread
         return None
     _causal_padding_masks[id(rows)] = rows
     return rows
 
 
 def _right_padding(mask: Optional[torch.Tensor], key: torch.Tensor):
-    """(rows, cu_seqlens_k, max_k) of an encoder's key-padding mask ([B, 1, 1, Lk] boolean, as
+    """(rows, cu_seqlens_k, max_k) of a key-padding mask ([B, 1, 1, Lk] boolean, as
     mask_function returns it) whose every row is a prefix of True (right padding) and that
     masks some key: the packed rows of the keys each batch entry sees, their offsets and the
-    longest; None for any other mask, while torch.compile traces (reading the values would
-    break the graph) or a CUDA graph captures. Two device synchronizations per mask tensor (its
-    check, and the rows' count), so per forward, not per layer."""
+    longest; None for any other mask, and while torch.compile traces (reading the values would
+    break the graph) or a CUDA graph captures."""
     if (mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1)
             or mask.shape[0] != key.shape[0] or mask.shape[3] != key.shape[2]
             or torch.compiler.is_compiling()):
         return None
-    return _right_padding_of(mask)
+    found = _key_padding_of(mask)
+    return found.packed if found is not None and found.kind == "right" else None
+
+
+def _key_padding_rows(padding: torch.Tensor, kwargs, kv_length, kv_offset) -> torch.Tensor:
+    """A mask request's 2D padding mask as [B, 1, 1, Lk] boolean key-padding rows."""
+    from transformers.masking_utils import prepare_padding_mask
+
+    padding = prepare_padding_mask(padding, kv_length, kv_offset)
+    padding = padding.to(device=kwargs.get("device", padding.device), dtype=torch.bool)
+    return padding[:, None, None, :]
+
+
+KeyPadding = collections.namedtuple("KeyPadding", ["kind", "packed"])
+KeyPadding.__doc__ = """What a key-padding mask holds: kind "none" (every key kept), "right"
+(each row a prefix of kept keys, some key masked; packed = (rows, cu_seqlens_k, max_k) of the
+kept keys) or "other"."""
 
 
 @_read_once_per_tensor
-def _right_padding_of(mask: torch.Tensor):
+def _key_padding_of(mask: torch.Tensor) -> KeyPadding:
+    """The one reading of a [B, 1, 1, Lk] key-padding mask's values, shared by the mask function
+    (no mask where every key is kept) and the attention (key lengths where right-padded): one
+    synchronization for a mask that masks nothing, three for a right-padded one (its check, its
+    shape, the kept keys' rows); once per mask tensor, so per forward, not per layer (None while
+    a CUDA graph captures)."""
     keep = mask.reshape(mask.shape[0], mask.shape[3])
+    if bool(keep.all()):  # a synchronization, and the only one of a mask that masks nothing
+        return KeyPadding("none", None)
     B, Lk = keep.shape
-    lengths = keep.sum(dim=1, dtype=torch.int32)
+    lengths = keep.sum(dim=1)  # int64
     prefix = torch.arange(Lk, device=keep.device)[None, :] < lengths[:, None]
-    is_right, total, longest = torch.stack(  # a synchronization
-        [(keep == prefix).all().to(torch.int64),
-         lengths.sum(dtype=torch.int64), lengths.max().to(torch.int64)]).tolist()
-    if not is_right or total == B * Lk:
-        return None
+    misplaced, longest = torch.stack([(keep != prefix).sum(), lengths.max()]).tolist()
+    if misplaced:
+        return KeyPadding("other", None)
     rows = prefix.reshape(-1).nonzero().reshape(-1)
     cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=keep.device)
     cu_seqlens[1:] = lengths.cumsum(0)
-    return rows, cu_seqlens, max(longest, 1)
+    return KeyPadding("right", (rows, cu_seqlens, max(longest, 1)))
 
 
 def _key_lengths_forward(query, key, value, keys, dropout, scaling,
@@ -328,8 +346,7 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     for every query row); and a packed row of sequences under a plain causal or bidirectional
     pattern gets no mask at all (the attention runs varlen_attention instead of reading a
     [T, T] block-diagonal mask)."""
-    from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS,
-                                            bidirectional_mask_function, prepare_padding_mask)
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, bidirectional_mask_function
     padding = kwargs.get("attention_mask")
     if not args and _no_mask_needed(kwargs):
         return None
@@ -349,14 +366,15 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     if (args or kwargs.get("mask_function") is not bidirectional_mask_function
             or padding is None or padding.dim() != 2 or kwargs.get("local_size") is not None):
         return ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](*args, **kwargs)
-    padding = prepare_padding_mask(padding, kwargs["kv_length"], kwargs.get("kv_offset", 0))
-    padding = padding.to(device=kwargs.get("device", padding.device), dtype=torch.bool)
+    rows = _key_padding_rows(padding, kwargs, kwargs["kv_length"], kwargs.get("kv_offset", 0))
     # As transformers does for sdpa: no mask when nothing is padded (a check of the values, so
-    # not while torch.compile traces, where keeping the mask is as correct).
-    if (kwargs.get("allow_is_bidirectional_skip", False) and not torch.compiler.is_compiling()
-            and bool(padding.all())):
-        return None
-    return padding[:, None, None, :]
+    # not while torch.compile traces, where keeping the mask is as correct). The same reading
+    # tells the attention whether the rows are right padding.
+    if kwargs.get("allow_is_bidirectional_skip", False) and not torch.compiler.is_compiling():
+        found = _key_padding_of(rows)
+        if found is not None and found.kind == "none":
+            return None
+    return rows
 
 
 def _no_mask_needed(kwargs) -> bool:
