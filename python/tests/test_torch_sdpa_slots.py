@@ -717,6 +717,29 @@ def test_math_slot_runs_memeff_where_pytorch_chose_math_on_cpu(cpu_math_slot):
                                   torch.float32, ("dq", "dk", "dv"))
 
 
+def test_math_slot_takes_a_boolean_mask_broadcast_over_keys_on_cpu(cpu_math_slot):
+    # transformers' masks are boolean; under torch.compile they broadcast with a zero stride in
+    # the key dimension, which no fused kernel of PyTorch takes.
+    p = 0.25
+    q, k, v, dout = math_slot_case("bool-mask", p)
+    B, _, L, _ = q.shape
+    rows = torch.arange(L) % 3 != 1  # every third query row sees no key: a zero output row
+    mask = rows.view(1, 1, L, 1).expand(B, 1, L, L)
+    assert mask.stride(-1) == 0 and int(torch._fused_sdp_choice(q, k, v, mask, p, False)) == 0
+    with mt.explain_sdpa() as calls:
+        torch.manual_seed(6)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        state = mt.last_rng_state()
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert [(c.op, c.ran) for c in calls] == [("scaled_dot_product_attention", "memeff")]
+    assert torch.all(out[:, :, ~rows] == 0) and torch.all(out[:, :, rows] != 0)
+    keep = mt.dropout_mask(tuple(q.shape[:3]) + (k.shape[2],), p, state)
+    bias = torch.where(mask, 0.0, float("-inf"))
+    assert_output_and_grads_close(out, grads, (q, k, v), dout,
+                                  lambda q, k, v: math_reference("none", keep, p)(q, k, v, bias),
+                                  torch.float32, ("dq", "dk", "dv"))
+
+
 def test_math_slot_passes_fused_and_forced_math_calls_on(cpu_math_slot):
     q, k, v, dout = math_slot_case("passes", 0.0)
     # A call PyTorch's dispatcher gives a fused kernel goes on to it, unrecorded here.

@@ -32,7 +32,12 @@ def _some_fused_backend_enabled() -> bool:
 def _memeff_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                  scale=None, enable_gqa=False):
     """A call PyTorch's dispatcher gave its math path, run by memeff's op."""
-    _require_supported(query, key, value, attn_mask)
+    # attn_mask may be boolean (a keep-mask, what transformers' masks are); a float mask is an
+    # additive bias of memeff's dtypes.
+    _require_supported(query, key, value,
+                       None if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask)
+    if attn_mask is not None and attn_mask.device != query.device:
+        raise Unsupported("attn_mask on another device")
     if attn_mask is not None and is_causal:
         raise Unsupported("attn_mask and is_causal together (PyTorch's error)")
     if any(t.dim() not in (3, 4) for t in (query, key, value)):
