@@ -211,6 +211,25 @@ TEST_P(CudaForward, ManyKeyTilesEachWayWithDropoutAndBias) {
   }
 }
 
+TEST_P(CudaForward, ManyKeyTilesAndItemsWithAKeyPaddingBias) {
+  // A bias broadcast over queries (the Hopper forward stages it in shared memory, one key tile
+  // ahead): many key tiles in each causal mode and head dim, a partial last tile, and more work
+  // items than SMs so the staging buffers carry across items (the non-finite cases have the
+  // -inf entries of a padding mask).
+  for (CausalMode mode : {CausalMode::none, kTopLeft, kBottomRight}) {
+    for (std::int64_t D : {64, 128, 256}) {
+      KernelCase c = make({.Lq = 300, .Lk = 1100, .D = D, .causal = mode, .dropout = 0.1});
+      c.bias = D == 128 ? "1h1k" : "b11k";
+      check_case(c, static_cast<std::uint64_t>(D) + 19 * static_cast<std::uint64_t>(mode) + 5);
+    }
+  }
+  KernelCase many = make({.B = 3, .Hq = 48, .Hkv = 12, .Lq = 200, .Lk = 333, .dropout = 0.1});
+  many.bias = "b11k";
+  check_case(many, 73);
+  many.dropout = 0.0;
+  check_case(many, 74);
+}
+
 TEST_P(CudaForward, MoreWorkItemsThanMultiprocessors) {
   // Several query blocks per SM (the persistent sm90 grid walks more than one work item per CTA):
   // bottom-right causal with Lq - Lk > 128 gives whole blocks that see no key between blocks that

@@ -87,6 +87,59 @@ __device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::
                  : to_float<T>(static_cast<const T*>(bias)[index]);
 }
 
+// The bias entries a backward thread reads in one query block: its two keys j_lo and j_lo + 1
+// (the rows of its Sᵀ fragment) at the block's queries m0 + c, c = 8n + 2t + e (its columns).
+// Built once per block, so the loop over the fragment does no index arithmetic but one
+// constant-times-stride add per entry; a bias broadcast over queries (stride 0: a key-padding
+// mask) is read here, twice per block, and `per_key` says so. Entries at i >= Lq or j >= Lk
+// read as 0 (never loaded).
+template <class T>
+struct BiasColumns {
+  const unsigned char* thread_base = nullptr;  // entry (b, h, m0 + 2t, j_lo), in bytes
+  std::int64_t stride = 0;                     // bytes between query rows (0: broadcast)
+  int rows = 0;                                // queries m0 + c with c < rows are below Lq
+  bool lo_ok = false, hi_ok = false;           // j_lo < Lk, j_lo + 1 < Lk
+  bool fp32 = false;
+  float key_lo = 0.0f, key_hi = 0.0f;          // the entries when stride == 0
+
+  __device__ __forceinline__ bool per_key() const { return stride == 0; }
+
+  // Entry (m0 + 8n + 2t + e, j_lo + hh); c = 8n + e (the thread's 2t is in thread_base).
+  __device__ __forceinline__ float at(int c, int t, int hh) const {
+    if (c + 2 * t >= rows || !(hh ? hi_ok : lo_ok)) return 0.0f;
+    const unsigned char* ptr = thread_base + c * stride + hh * (fp32 ? 4 : sizeof(T));
+    return fp32 ? __ldg(reinterpret_cast<const float*>(ptr))
+                : to_float<T>(*reinterpret_cast<const T*>(ptr));
+  }
+};
+
+template <class T>
+__device__ __forceinline__ BiasColumns<T> bias_columns(const void* bias, bool is_fp32,
+                                                       std::int64_t head_offset,
+                                                       std::int64_t stride_l, std::int64_t m0,
+                                                       int t, std::int64_t j_lo, std::int64_t Lq,
+                                                       std::int64_t Lk) {
+  BiasColumns<T> c;
+  const int size = is_fp32 ? 4 : static_cast<int>(sizeof(T));
+  c.fp32 = is_fp32;
+  c.stride = stride_l * size;
+  c.rows = static_cast<int>(min(max(Lq - m0, std::int64_t{0}), std::int64_t{1} << 30));
+  c.lo_ok = j_lo < Lk;
+  c.hi_ok = j_lo + 1 < Lk;
+  c.thread_base = static_cast<const unsigned char*>(bias) +
+                  (head_offset + (m0 + 2 * t) * stride_l + j_lo) * size;
+  if (c.per_key() && c.rows > 0) {
+    c.key_lo = c.lo_ok ? (is_fp32 ? __ldg(reinterpret_cast<const float*>(c.thread_base))
+                                  : to_float<T>(*reinterpret_cast<const T*>(c.thread_base)))
+                       : 0.0f;
+    const unsigned char* hi = c.thread_base + size;
+    c.key_hi = c.hi_ok ? (is_fp32 ? __ldg(reinterpret_cast<const float*>(hi))
+                                  : to_float<T>(*reinterpret_cast<const T*>(hi)))
+                       : 0.0f;
+  }
+  return c;
+}
+
 // s = scale·s + bias(i, j) for one row (half hh) of a fragment: `row_base` is the offset of the
 // row's (b, h, i) in the bias; its bias is read only when `row_valid` and j < Lk (0 otherwise).
 // kSelect: -inf where the bias is -inf, whatever s holds (a compare and a select per score, for
@@ -122,6 +175,22 @@ __device__ __forceinline__ void add_scaled_bias(float (&s)[kNT][4], const void* 
   for (int hh = 0; hh < 2; ++hh) {
     const std::int64_t i = row0 + 8 * hh;
     add_scaled_bias_row<T>(s, hh, bias, is_fp32, base + i * stride_l, i < Lq, n0, t, Lk, scale);
+  }
+}
+
+// s = scale·s + bias for a bias broadcast over queries whose entries for this key tile are
+// staged in shared memory (fp32, entry j of the tile at tile[j], 0 past Lk): each n8 tile reads
+// its two columns 2t, 2t + 1 once for both rows. Rows at or past Lq add 0, as add_scaled_bias.
+template <int kNT>
+__device__ __forceinline__ void add_staged_key_bias(float (&s)[kNT][4], const float* tile, int t,
+                                                    bool row_lo, bool row_hi, float scale) {
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    const float2 v = *reinterpret_cast<const float2*>(tile + 8 * n + 2 * t);
+    s[n][0] = fmaf(s[n][0], scale, row_lo ? v.x : 0.0f);
+    s[n][1] = fmaf(s[n][1], scale, row_lo ? v.y : 0.0f);
+    s[n][2] = fmaf(s[n][2], scale, row_hi ? v.x : 0.0f);
+    s[n][3] = fmaf(s[n][3], scale, row_hi ? v.y : 0.0f);
   }
 }
 

@@ -407,32 +407,44 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     const bool need_mask =
         n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
-    const std::int64_t bias_row0 = kBias ? bias_b + h * p.bias_stride.h : 0;
-
-    // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked.
-    wgmma_wait<1>();
-    fence_operands(sacc);
+    // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked. bias_at(n, r): the
+    // entry of fragment element (n, r).
+    auto scores_to_p = [&](auto bias_at) {
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
+      for (int n = 0; n < kNT; ++n) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int e = r & 1, hh = r >> 1;
-        const float lse2 = e ? l2.y : l2.x;
-        float x;
-        if constexpr (kBias) {
-          const std::int64_t i = m0 + 8 * n + 2 * t + e, j = key0 + hh;
-          const float bv =
-              (i < p.Lq && j < p.Lk)
-                  ? load_bias<T>(p.bias, p.bias_is_fp32, bias_row0 + i * p.bias_stride.l + j)
-                  : 0.0f;
-          // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
-          x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bv), kLog2e, -lse2);
-        } else {
-          x = fmaf(sacc[n][r], p.scale_log2, -lse2);
+        for (int r = 0; r < 4; ++r) {
+          const float lse2 = (r & 1) ? l2.y : l2.x;
+          float x;
+          if constexpr (kBias) {
+            // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+            x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)),
+                     kLog2e, -lse2);
+          } else {
+            x = fmaf(sacc[n][r], p.scale_log2, -lse2);
+          }
+          sacc[n][r] = fast_exp2(x);
         }
-        sacc[n][r] = fast_exp2(x);
       }
+    };
+    if constexpr (kBias) {
+      const BiasColumns<T> bc = bias_columns<T>(p.bias, p.bias_is_fp32,
+                                                bias_b + h * p.bias_stride.h, p.bias_stride.l,
+                                                m0, t, key0, p.Lq, p.Lk);
+      wgmma_wait<1>();
+      fence_operands(sacc);
+      if (bc.per_key()) {  // a key-padding mask: the two entries read above
+        scores_to_p([&](int n, int r) {
+          return 8 * n + 2 * t + (r & 1) < bc.rows ? ((r >> 1) ? bc.key_hi : bc.key_lo) : 0.0f;
+        });
+      } else {
+        scores_to_p([&](int n, int r) { return bc.at(8 * n + (r & 1), t, r >> 1); });
+      }
+    } else {
+      wgmma_wait<1>();
+      fence_operands(sacc);
+      scores_to_p([](int, int) { return 0.0f; });
     }
     if (need_mask) {
 #pragma unroll

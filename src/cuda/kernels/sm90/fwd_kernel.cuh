@@ -115,10 +115,13 @@ __device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p,
   return slot;
 }
 
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
+// kKeyBias: the bias is broadcast over queries (bias_stride.l == 0, a key-padding mask) and is
+// staged in shared memory (see the consumers' key_bias below).
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kKeyBias>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
+  static_assert(kBias || !kKeyBias, "a key-padding bias is a bias");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
@@ -138,6 +141,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto k_empty = [&](int s) { return q_full + 8u * (2 + kStages + s); };
   auto v_full = [&](int s) { return q_full + 8u * (2 + 2 * kStages + s); };
   auto v_empty = [&](int s) { return q_full + 8u * (2 + 3 * kStages + s); };
+  // Then the staged key-bias tiles (Tr::kKeyBiasBytes): two of kBlockN floats per consumer.
+  float* const key_bias_smem =
+      reinterpret_cast<float*>(smem_raw + (q_full + 8u * Tr::kBarriers - smem_addr(smem_raw)));
 
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler knows the role is warp-uniform (wgmma in a path it
@@ -296,12 +302,49 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float s[kNT][4];
   float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.0f, 0.0f};
 
+  // A bias broadcast over queries (a key-padding mask: stride 0 over rows; kKeyBias) is staged:
+  // each key tile's entries go to shared memory once per warpgroup, loaded one tile ahead
+  // (thread ctid holds key ctid of the next tile while this one runs), and the softmax reads two
+  // floats per n8 tile there instead of four global loads. Any other bias is read from global
+  // memory.
+  constexpr bool key_bias = kKeyBias;
+  constexpr int kKeyBiasPer = (kBlockN + 127) / 128;  // entries per thread per tile
+  float* const my_key_bias = key_bias_smem + cw * 2 * kBlockN;
+  float key_bias_next[kKeyBiasPer];
+  int key_bias_buf = 0;  // the buffer the current tile reads
+  auto load_key_bias = [&](int n) {
+#pragma unroll
+    for (int q = 0; q < kKeyBiasPer; ++q) {
+      const int c = ctid + 128 * q;
+      const std::int64_t j = static_cast<std::int64_t>(n) * kBlockN + c;
+      key_bias_next[q] = c < kBlockN && j < p.Lk
+                             ? load_bias<T>(p.bias, p.bias_is_fp32, bias_base + j)
+                             : 0.0f;
+    }
+  };
+  // Into the other buffer, which every thread of the warpgroup left before the last of these
+  // barriers; then it is the current one.
+  auto store_key_bias = [&] {
+    float* const dst = my_key_bias + (key_bias_buf ^ 1) * kBlockN;
+#pragma unroll
+    for (int q = 0; q < kKeyBiasPer; ++q) {
+      if (ctid + 128 * q < kBlockN) dst[ctid + 128 * q] = key_bias_next[q];
+    }
+    named_bar_sync(Tr::kKeyBiasBarrier + cw, 128);
+    key_bias_buf ^= 1;
+  };
+
   // Scale, bias, mask and the online softmax of the tile of key block n in s.
   auto softmax_tile = [&](int n, float(&alpha)[2]) {
     const std::int64_t n0 = static_cast<std::int64_t>(n) * kBlockN;
     if constexpr (kBias) {
-      add_scaled_bias<T>(s, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0, t, p.Lq,
-                         p.Lk, p.scale);
+      if constexpr (key_bias) {
+        add_staged_key_bias(s, my_key_bias + key_bias_buf * kBlockN, t, row0 < p.Lq,
+                            row0 + 8 < p.Lq, p.scale);
+      } else {
+        add_scaled_bias<T>(s, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0, t,
+                           p.Lq, p.Lk, p.scale);
+      }
     } else if (premul) {
 #pragma unroll
       for (int j = 0; j < kNT; ++j)
@@ -405,6 +448,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     mbar_wait(q_full, local & 1);
     if (n_tiles > 0) {
+      if constexpr (key_bias) {  // the first tile's entries, before its products
+        load_key_bias(n_tiles - 1);
+        store_key_bias();
+      }
       {  // the first tile (key block n_tiles - 1): Q·Kᵀ alone
         const int stage = kv % kStages;
         float alpha[2];
@@ -415,10 +462,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wgmma_commit();
         end_turn();
         if constexpr (kDropout) draw_keep(n_tiles - 1);
+        if (key_bias && n_tiles > 1) load_key_bias(n_tiles - 2);
         wgmma_wait<0>();
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
         softmax_tile(n_tiles - 1, alpha);  // O is still zero: nothing to rescale
+        if (key_bias && n_tiles > 1) store_key_bias();
         pack_p();
       }
       for (int it = 1; it < n_tiles; ++it) {
@@ -436,10 +485,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wgmma_commit();
         end_turn();
         if constexpr (kDropout) draw_keep(n_tiles - 1 - it);
+        if (key_bias && it + 1 < n_tiles) load_key_bias(n_tiles - 2 - it);
         wgmma_wait<1>();  // Q·Kᵀ done; P·V of the previous tile may still run
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
         softmax_tile(n_tiles - 1 - it, alpha);
+        if (key_bias && it + 1 < n_tiles) store_key_bias();
         wgmma_wait<0>();
         fence_operands(o);
         if (lane == 0) mbar_arrive(v_empty(prev));

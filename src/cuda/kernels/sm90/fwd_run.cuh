@@ -16,10 +16,11 @@
 
 namespace memeff::cuda::sm90 {
 
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false>
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
+          bool kKeyBias = false>
 void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
                            cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, Tr, kDropout, kBias, kPacked>;
+  auto kernel = attention_forward_kernel<T, Tr, kDropout, kBias, kPacked, kKeyBias>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, "sm90 forward kernel");
@@ -57,12 +58,22 @@ void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream
         : launch_forward_kernel<T, Tr, false, false, true>(params, multiprocessors, stream);
     return;
   }
+  // A bias broadcast over queries (a key-padding mask) is staged in shared memory per key tile.
+  const bool key_bias = bias && params.p.bias_stride.l == 0;
   if (params.p.has_dropout) {
-    bias ? launch_forward_kernel<T, Tr, true, true>(params, multiprocessors, stream)
-         : launch_forward_kernel<T, Tr, true, false>(params, multiprocessors, stream);
+    if (key_bias) {
+      launch_forward_kernel<T, Tr, true, true, false, true>(params, multiprocessors, stream);
+    } else {
+      bias ? launch_forward_kernel<T, Tr, true, true>(params, multiprocessors, stream)
+           : launch_forward_kernel<T, Tr, true, false>(params, multiprocessors, stream);
+    }
   } else {
-    bias ? launch_forward_kernel<T, Tr, false, true>(params, multiprocessors, stream)
-         : launch_forward_kernel<T, Tr, false, false>(params, multiprocessors, stream);
+    if (key_bias) {
+      launch_forward_kernel<T, Tr, false, true, false, true>(params, multiprocessors, stream);
+    } else {
+      bias ? launch_forward_kernel<T, Tr, false, true>(params, multiprocessors, stream)
+           : launch_forward_kernel<T, Tr, false, false>(params, multiprocessors, stream);
+    }
   }
   if (bias) {  // rows a NaN behind a -inf bias reached (common/bias_row_repair.cuh)
     launch_bias_row_repair<T>(params.p, stream);

@@ -40,16 +40,21 @@ struct FwdTraits {
   static constexpr int kQBytes = kDBlocks * kQBlockBytes;
   static constexpr int kKVBytes = kDBlocks * kKVBlockBytes;  // one K or V stage
   static constexpr int kBarriers = 2 + 4 * kStages;  // Q full/empty; K full/empty; V full/empty
+  // A key-padding bias's entries of a key tile, fp32, double-buffered per consumer warpgroup.
+  static constexpr int kKeyBiasBytes = 2 * kConsumers * kBlockN * 4;
   // + 1024 so the tiles can be aligned to the 128-byte swizzle's 1024-byte period.
-  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers;
+  static constexpr int kSmemBytes =
+      1024 + kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + kKeyBiasBytes;
   // Register split (setmaxnreg): the producer gives registers back and the consumers take them.
   // setmaxnreg.inc waits until the CTA's pool (what the launch allocated: kLaunchRegs per thread)
   // can serve it, so the split must fit in that pool or the consumers wait forever.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
-  // Named barrier ids: 0 is __syncthreads; then one per consumer for the ping-pong turn.
+  // Named barrier ids: 0 is __syncthreads; then one per consumer for the ping-pong turn, then
+  // one per consumer for its staged key-bias tiles.
   static constexpr int kTurnBarrier = 1;
+  static constexpr int kKeyBiasBarrier = kTurnBarrier + kConsumers;
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "key tiles hold whole 64-key dropout blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim bucket: multiple of 16 up to 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1 to 3 consumer warpgroups");
