@@ -49,3 +49,24 @@ def test_compiled_equals_eager(device, backend, dropout_p):
     if dropout_p > 0:  # a different seed gives a different mask under compile as well
         torch.manual_seed(124)
         assert not torch.allclose(compiled(x), y_eager)
+
+
+def test_a_mask_constant_over_the_keys_compiles(device):
+    # The row mask of a boolean mask broadcast over the keys (what transformers builds inside a
+    # compiled model) traces with no graph break: the attention without a bias, then the rows.
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 32, 16, generator=gen).to(device).requires_grad_()
+               for _ in range(3))
+
+    def attend(q, k, v):
+        rows = torch.arange(q.shape[2], device=q.device) % 4 != 3
+        mask = rows.view(1, 1, -1, 1).expand(q.shape[0], 1, q.shape[2], k.shape[2])
+        return mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v)
+    torch.testing.assert_close(out, attend(q, k, v))
+    assert torch.all(out[:, :, 3::4] == 0)
+    (gq,) = torch.autograd.grad(out.sum(), (q,))
+    assert torch.all(gq[:, :, 3::4] == 0) and torch.any(gq != 0)

@@ -26,6 +26,8 @@ CASES = [
     (2, 4, 2, 1, 100, 64, 64, "bottom_right", "float_grad_rows"),
     (1, 2, 2, 40, 72, 64, 32, "none", "float_grad_2d"),
     (2, 3, 3, 129, 65, 64, 64, "none", "bool_keys"),
+    (2, 4, 2, 40, 72, 64, 64, "none", "bool_rows"),
+    (1, 2, 2, 33, 33, 64, 64, "top_left", "bool_rows"),
 ]
 
 
@@ -47,6 +49,11 @@ def make_mask(kind, B, Hq, Lq, Lk, dtype, device, gen):
         keep = torch.rand(B, 1, 1, Lk, generator=gen) > 0.3
         keep[..., 0] = True
         return keep.to(device)
+    if kind == "bool_rows":  # [B, 1, Lq, 1] broadcast over the keys (stride 0), rows dropped
+        rows = torch.rand(B, 1, Lq, 1, generator=gen) > 0.3
+        rows[..., 0, :] = True
+        rows[..., -1, :] = False
+        return rows.to(device).expand(B, 1, Lq, Lk)
     raise AssertionError(kind)
 
 
@@ -132,6 +139,36 @@ def test_rows_that_see_no_key_give_zero(device):
     for t in (q, k, v):
         assert torch.isfinite(t.grad).all()
     assert (q.grad[:, :, :7] == 0).all()
+
+
+def test_a_mask_constant_over_the_keys_drops_whole_rows(device, monkeypatch):
+    # A boolean mask broadcast over the keys with stride 0 (transformers' masks of a model without
+    # padding, under torch.compile) runs as no mask, its dropped rows 0; with dropout the kept
+    # rows are those of the dense mask with the same seed, and the dropped rows get no gradient.
+    gen = seeded_generator("rows-mask")
+    B, H, L, D, p = 2, 3, 48, 32, 0.2
+    q, k, v = randn_leaves(gen, device, torch.float32, (B, H, L, D), (B, H, L, D), (B, H, L, D))
+    rows = torch.rand(B, 1, L, 1, generator=gen).to(device) > 0.25
+    mask = rows.expand(B, 1, L, L)
+    assert mask.stride(-1) == 0
+    biases = []
+    bias_of_mask = mt._bias_of_mask
+    monkeypatch.setattr(mt, "_bias_of_mask", lambda *a: biases.append(a) or bias_of_mask(*a))
+    out, state = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 return_rng_state=True)
+    assert biases == []  # no [Lq, Lk] bias built
+    dense = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask.contiguous(), dropout_p=p,
+                                            rng_state=state)
+    assert len(biases) == 1
+    torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-6)
+    dropped = ~rows.expand(B, H, L, 1).squeeze(-1)
+    assert torch.all(out[dropped] == 0) and torch.all(out[~dropped] != 0)
+    (gq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
+    assert torch.all(gq[dropped] == 0)
+    # A misshaped one is named as attn_mask, as any mask is.
+    with pytest.raises(ValueError, match="attn_mask"):
+        mt.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 1, L, 1, dtype=torch.bool,
+                                                                      device=device).expand(5, 1, L, L))
 
 
 def test_gqa_needs_enable_gqa(device):

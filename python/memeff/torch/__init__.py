@@ -178,6 +178,20 @@ def _causal_mode(is_causal: bool, causal, attn_mask) -> str:
     return mode
 
 
+def _check_mask_shape(attn_mask: torch.Tensor, q: torch.Tensor, rank: int, keys: int) -> None:
+    """ValueError unless attn_mask broadcasts (from the right) to the attention scores, said in
+    terms of attn_mask."""
+    if attn_mask.dim() > rank:
+        raise ValueError(f"memeff: argument `attn_mask`: {attn_mask.dim()} dimensions do not "
+                         f"broadcast to the {rank}-dimensional attention scores")
+    scores = ((q.shape[0], q.shape[1], q.shape[2], keys) if rank == 4
+              else (q.shape[0], q.shape[2], keys))
+    if any(m != 1 and m != n for m, n in zip(reversed(attn_mask.shape), reversed(scores))):
+        names = "[B, Hq, Lq, Lk]" if rank == 4 else "[B, Lq, Lk]"
+        raise ValueError(f"memeff: argument `attn_mask`: shape {tuple(attn_mask.shape)} does not "
+                         f"broadcast to the attention scores {names} = {list(scores)}")
+
+
 def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
                   keys: int) -> Optional[torch.Tensor]:
     """The additive [B|1, H|1, Lq|1, Lk] bias memeff takes, from torch's attn_mask conventions
@@ -201,23 +215,30 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
             bias = bias.float()
     elif bias.dtype != q.dtype and bias.dtype != torch.float32:
         bias = bias.to(q.dtype)
-    if bias.dim() > rank:
-        raise ValueError(f"memeff: argument `attn_mask`: {bias.dim()} dimensions do not "
-                         f"broadcast to the {rank}-dimensional attention scores")
+    _check_mask_shape(attn_mask, q, rank, keys)
     while bias.dim() < rank:
         bias = bias.unsqueeze(0)
     if rank == 3:
         bias = bias.unsqueeze(1)
-    # [B, Hq, Lq, Lk] of the scores: say so in terms of attn_mask, not of the bias it becomes.
-    scores = (q.shape[0], q.shape[1], q.shape[2], keys)
-    if any(m != 1 and m != n for m, n in zip(bias.shape, scores)):
-        raise ValueError(f"memeff: argument `attn_mask`: shape {tuple(attn_mask.shape)} does not "
-                         f"broadcast to the attention scores [B, Hq, Lq, Lk] = "
-                         f"{list(scores) if rank == 4 else [scores[0], scores[2], scores[3]]}")
     if bias.shape[-1] == 1 and keys != 1:
         # memeff broadcasts bias over B, H and Lq but stores keys densely.
         bias = bias.expand(*bias.shape[:-1], keys)
     return bias
+
+
+def _rows_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
+                  keys: int) -> Optional[torch.Tensor]:
+    """A boolean mask constant over the keys (broadcast there with stride 0, as transformers'
+    masks of a model without padding are under torch.compile) keeps or drops whole query rows:
+    then the attention runs without it and its output is multiplied by the rows' keep values,
+    returned here as the mask's [..., Lq, 1] (None for any other mask). A row that keeps every
+    key needs no bias, and one that drops every key gives 0, as a -inf bias would: no [Lq, Lk]
+    bias is built or read."""
+    if (attn_mask is None or attn_mask.dtype != torch.bool or attn_mask.dim() < 2
+            or attn_mask.shape[-1] <= 1 or attn_mask.stride(-1) != 0):
+        return None
+    _check_mask_shape(attn_mask, q, rank, keys)
+    return attn_mask.narrow(-1, 0, 1)
 
 
 def scaled_dot_product_attention(
@@ -267,7 +288,8 @@ def scaled_dot_product_attention(
     if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ArgumentError(f"memeff: query has {q.shape[1]} heads and key/value {k.shape[1]}; "
                            f"pass enable_gqa=True for grouped-query attention (as in torch)")
-    bias = _bias_of_mask(attn_mask, q, rank, k.shape[2])
+    rows = _rows_of_mask(attn_mask, q, rank, k.shape[2])
+    bias = None if rows is not None else _bias_of_mask(attn_mask, q, rank, k.shape[2])
     p = float(dropout_p)
     # One op: it draws the dropout state itself when p > 0 and none is given.
     out, _, drawn = _ops.fwd(q, k, v, bias, rng_state, p, mode,
@@ -277,6 +299,8 @@ def scaled_dot_product_attention(
         _thread_state.last_rng_state = None if state is None else (state, q.device)
     if rank == 3:
         out = out.squeeze(1)
+    if rows is not None:
+        out = out * rows  # a dropped row is 0, as PyTorch's math path gives it (NaN stays NaN)
     if not return_rng_state:
         return out
     if state is not None and state.device != q.device:
