@@ -201,6 +201,7 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
         raise TypeError(f"memeff: argument `attn_mask`: expected a bool or floating-point mask, "
                         f"got {attn_mask.dtype}")
+    _check_mask_shape(attn_mask, q, rank, keys)
     bias = attn_mask
     # A dimension broadcast by expand (stride 0, e.g. transformers' [B, 1, Lq, Lk] padding mask
     # expanded from [B, 1, 1, Lk]) is read once: memeff broadcasts size-1 dimensions itself, so
@@ -215,7 +216,6 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
             bias = bias.float()
     elif bias.dtype != q.dtype and bias.dtype != torch.float32:
         bias = bias.to(q.dtype)
-    _check_mask_shape(attn_mask, q, rank, keys)
     while bias.dim() < rank:
         bias = bias.unsqueeze(0)
     if rank == 3:
