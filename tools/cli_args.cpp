@@ -234,13 +234,16 @@ void ShapeConfig::check() const {
     throw UsageError("--kv-heads: the query heads (--heads " + std::to_string(Hq) +
                      ") must be a multiple of the key/value heads, got " + std::to_string(hkv()));
   }
+  if (bias_dtype && !bias.present) throw UsageError("--bias-dtype: given without --bias");
 }
 
 std::string ShapeConfig::describe(DType resolved) const {
   std::ostringstream os;
   os << "B=" << B << " Hq=" << Hq << " Hkv=" << hkv() << " Lq=" << Lq << " Lk=" << lk()
      << " D=" << D << " Dv=" << dv() << " " << dtype_name(resolved)
-     << " causal=" << causal_mode_name(causal) << " bias=" << bias.text() << " dropout=" << dropout;
+     << " causal=" << causal_mode_name(causal) << " bias=" << bias.text();
+  if (bias.present) os << "/" << dtype_name(bias_dtype_for(resolved));
+  os << " dropout=" << dropout;
   return os.str();
 }
 
@@ -263,6 +266,8 @@ void add_shape_flags(CLI::App& app, ShapeConfig& c) {
       "PATTERN",
       "none (default), full, or a broadcast pattern over [B,H,Lq,Lk]:\n"
       "a 1 marks a broadcast dim, e.g. 1hqk, b11k, 11qk, 111k; full = bhqk");
+  add_dtype(app, "--bias-dtype", c.bias_dtype,
+            "element type of the bias and its gradient: the inputs' (default) or fp32");
   add_checked(app, "--dropout", c.dropout, "P", probability(),
               "dropout probability in [0, 1) (default 0.1)");
   add_checked(app, "--seed", c.seed, "S", unsigned64(),

@@ -122,6 +122,7 @@ struct ShapeConfig {
   std::optional<DType> dtype;               // default: bf16 on cuda, fp32 on cpu
   CausalMode causal = CausalMode::top_left;
   BiasPattern bias;
+  std::optional<DType> bias_dtype;  // default: the inputs' dtype; fp32 is the other choice
   double dropout = 0.1;
   std::uint64_t seed = 0, offset = 0;
   std::optional<double> scale;
@@ -132,13 +133,16 @@ struct ShapeConfig {
   DType dtype_on(DeviceType device) const {
     return dtype.value_or(device == DeviceType::cuda ? DType::bf16 : DType::f32);
   }
-  // Throws UsageError when the heads do not divide (--heads / --kv-heads).
+  // The bias's (and dbias's) element type for inputs of `resolved`.
+  DType bias_dtype_for(DType resolved) const { return bias_dtype.value_or(resolved); }
+  // Throws UsageError when the heads do not divide (--heads / --kv-heads), or --bias-dtype is
+  // given without a bias.
   void check() const;
   std::string describe(DType resolved) const;  // "B=2 Hq=8 Hkv=8 Lq=512 Lk=512 D=64 Dv=64 ..."
 };
 
 // Adds --batch --heads --kv-heads --lq --lk --head-dim --v-head-dim --dtype --causal --bias
-// --dropout --seed --offset --scale, writing into `config`.
+// --bias-dtype --dropout --seed --offset --scale, writing into `config`.
 void add_shape_flags(CLI::App& app, ShapeConfig& config);
 
 // Parses `text` split at commas as the positional arguments of `fields` (an app whose positionals

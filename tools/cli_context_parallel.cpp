@@ -99,7 +99,7 @@ RankTensors upload_rank(const AttentionData& whole, const Partition& qp, const P
   t.dv = DeviceTensor(device, dtype, t.v.shape);
   if (c.bias.present) {
     up(t.bias, shard_bias(whole.bias_host, qp, rank));
-    t.dbias = DeviceTensor(device, dtype, t.bias.shape);
+    t.dbias = DeviceTensor(device, t.bias.dtype, t.bias.shape);
   }
   for (DeviceTensor* d : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv, &t.dbias})
     d->buffer.fill_bytes(0xFF);

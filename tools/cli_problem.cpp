@@ -78,8 +78,13 @@ AttentionData make_attention_data(const ShapeConfig& c, Device device) {
   fill_normal(d.k_host, c.seed, 2);
   fill_normal(d.v_host, c.seed, 3);
   fill_normal(d.dout_host, c.seed, 4);
+  const DType bias_dtype = c.bias_dtype_for(d.dtype);
+  if (c.bias.present && bias_dtype != d.dtype && bias_dtype != DType::f32) {
+    throw UsageError(std::string("--bias-dtype: expected ") + dtype_name(d.dtype) +
+                     " (the inputs') or fp32, got " + dtype_name(bias_dtype));
+  }
   if (c.bias.present) {
-    d.bias_host = HostArray(d.dtype, bias_shape);
+    d.bias_host = HostArray(bias_dtype, bias_shape);
     fill_normal(d.bias_host, c.seed, 5);
   }
 
@@ -92,9 +97,9 @@ AttentionData make_attention_data(const ShapeConfig& c, Device device) {
   d.v.upload(d.v_host);
   d.dout.upload(d.dout_host);
   if (c.bias.present) {
-    d.bias = DeviceTensor(device, d.dtype, bias_shape);
+    d.bias = DeviceTensor(device, bias_dtype, bias_shape);
     d.bias.upload(d.bias_host);
-    d.dbias = DeviceTensor(device, d.dtype, bias_shape);
+    d.dbias = DeviceTensor(device, bias_dtype, bias_shape);
   }
   d.out = DeviceTensor(device, d.dtype, o_shape);
   d.lse = DeviceTensor(device, DType::f32, lse_shape);

@@ -201,7 +201,7 @@ std::vector<CheckResult> check_against_reference(const AttentionData& d, const C
     sub.v = d.v.box_view(v_dims);
     sub.bias = d.bias.box_view(bias_box);
     DeviceTensor sdq(d.device, d.dtype, Shape{q_dims}), sdk(d.device, d.dtype, Shape{k_dims}),
-        sdv(d.device, d.dtype, Shape{v_dims}), sdbias(d.device, d.dtype, Shape{bias_box});
+        sdv(d.device, d.dtype, Shape{v_dims}), sdbias(d.device, d.bias.dtype, Shape{bias_box});
     for (DeviceTensor* t : {&sdq, &sdk, &sdv, &sdbias}) t->buffer.fill_bytes(0xFF);
     const BackwardTensors sg{d.dout.box_view(o_dims),
                              d.out.box_view(o_dims),
