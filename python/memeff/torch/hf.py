@@ -348,9 +348,9 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     [T, T] block-diagonal mask)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, bidirectional_mask_function
     padding = kwargs.get("attention_mask")
-    if not args and _no_mask_needed(kwargs):
-        return None
     if not args:
+        if _no_mask_needed(kwargs):
+            return None
         rows = _causal_right_padding(kwargs)
         if rows is not None:
             return rows
