@@ -5,8 +5,10 @@
 //   q    [B, Hq,  Lq, D]      k [B, Hkv, Lk, D]      v [B, Hkv, Lk, Dv]     Hq % Hkv == 0
 //   bias [B|1, Hq|1, Lq|1, Lk] (optional, additive, broadcast over dims of size 1)
 //   out  [B, Hq, Lq, Dv]      lse [B, Hq, Lq] fp32, natural log of the softmax denominator
-// A query row that sees no key (Lk = 0, bottom-right causal with Lq > Lk, or a bias of -inf
-// everywhere) gives out = 0, lse = -inf and zero gradients.
+// A query row that sees no key (Lk = 0, bottom-right causal with Lq > Lk, a window that leaves it
+// no key, or a bias of -inf everywhere) gives out = 0, lse = -inf and zero gradients.
+// Sliding windows, ALiBi and softcapping (AttentionArgs::window, alibi_slopes, softcap) change
+// the score of query i and key j: docs/window.md.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +42,22 @@ struct RngState {
   std::uint64_t offset = 0;
   const std::uint64_t* device_seed = nullptr;    // if set, overrides `seed` (CUDA only)
   const std::uint64_t* device_offset = nullptr;  // if set, overrides `offset` (CUDA only)
+};
+
+// A sliding window around each query's diagonal (docs/window.md). Query i sees key j iff
+//   i + shift - left <= j <= i + shift + right
+// where i and j are global positions (q_start + i, k_start + j, as causal masking compares) and
+// shift aligns the diagonal: q_start - k_start for causal top_left, Lk - Lq (per sequence when
+// packed) for causal bottom_right *and for causal none* (the last query's diagonal is the last
+// key, as FlashAttention's window_size counts without causal). A negative side is unbounded: the
+// default {-1, -1} is no window. With a causal mode, right is capped at 0. Each side is -1 or
+// >= 0; left = right = 0 leaves the diagonal alone. Without causal or with bottom_right, refused
+// with q_start/k_start/kv_block (the diagonal depends on the whole attention's lengths).
+struct Window {
+  std::int64_t left = -1;   // keys before the diagonal a query sees; -1: all of them
+  std::int64_t right = -1;  // keys after the diagonal a query sees; -1: all of them
+  bool bounded() const { return left >= 0 || right >= 0; }
+  friend bool operator==(const Window&, const Window&) = default;
 };
 
 // Packed variable-length sequences (docs/api.md, "Packed sequences"). Sequence s owns query rows
@@ -88,6 +106,17 @@ struct AttentionArgs {
   // which the caller sums over blocks.
   bool kv_block = false;
 
+  // Score modifiers (docs/window.md). With s = scale·q·k the score of (i, j) is
+  //   softcap > 0 ? softcap·tanh(s / softcap) : s,  plus bias, plus -slope·|i + shift - j|
+  // (shift as in Window; ALiBi thus follows the window's alignment), then masked by causal and
+  // window. The backward takes the derivative of the cap (1 - tanh²); dbias receives the
+  // gradient of the score after the cap; the slopes get no gradient.
+  Window window{};
+  // fp32 slopes on the device of q, [Hq] (one per query head) or [B, Hq] (per batch element and
+  // head; packed: [S, Hq], per sequence). Any finite value; never expanded to an Lq×Lk bias.
+  std::optional<TensorView> alibi_slopes;
+  double softcap = 0.0;  // 0: off; else finite and > 0 (Gemma-2 uses 50 for attention scores)
+
   bool has_global_coordinates() const { return q_start != 0 || k_start != 0 || kv_block; }
 };
 
@@ -135,14 +164,21 @@ CallInfo backward(const AttentionArgs& args, const BackwardTensors& grads,
 std::size_t workspace_size(const AttentionArgs& args, Pass pass, const Options& options = {});
 
 // FLOPs of one forward pass by the project's convention: 4·B·Hq·Lq·Lk·D (halved when causal);
+// with a bounded window, 4·B·Hq·D·visible_pairs instead (the work a window leaves);
 // a pass counts pass_flop_factor(pass) times this (the backward 2.5: five matrix products of
 // the forward's size against its two, as PyTorch's and FlashAttention's benchmarks count).
 double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
                        std::int64_t D, CausalMode causal);
+double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
+                       std::int64_t D, CausalMode causal, const Window& window);
 // The same for packed sequences of the given query and key lengths (the sum over sequences).
 double attention_flops_packed(const std::vector<std::int64_t>& seqlens_q,
                               const std::vector<std::int64_t>& seqlens_k, std::int64_t Hq,
-                              std::int64_t D, CausalMode causal);
+                              std::int64_t D, CausalMode causal, const Window& window = {});
+// The exact number of (query, key) pairs of one head that the causal mode and the window leave
+// visible (the rule of Window, with q_start = k_start = 0). O(Lq).
+std::int64_t visible_pairs(std::int64_t Lq, std::int64_t Lk, CausalMode causal,
+                           const Window& window);
 
 constexpr double pass_flop_factor(Pass pass) { return pass == Pass::backward ? 2.5 : 1.0; }
 // Forward and backward together: pass_flop_factor(forward) + pass_flop_factor(backward) = 3.5.

@@ -45,6 +45,15 @@ struct Problem {
   // kv_block: the backward's out and lse are a larger attention's (no single-key shortcut).
   std::int64_t q_start = 0, k_start = 0;
   bool kv_block = false;
+  // Score modifiers (AttentionArgs::window, alibi_slopes, softcap; docs/window.md). The window's
+  // sides are -1 (unbounded) or >= 0, capped at kWindowCap (wider is the same window); right is
+  // the user's, before causal caps it at 0 (visible_key_span applies that).
+  std::int64_t window_left = -1, window_right = -1;
+  bool has_alibi = false;
+  bool alibi_per_batch = false;  // slopes [B, Hq] rather than [Hq]
+  double softcap = 0.0;          // 0: off
+  // Any window side beyond every distance a call can have (2^36 keys, 2^32 rows) is this.
+  static constexpr std::int64_t kWindowCap = std::int64_t{1} << 40;
 
   bool has_dropout() const { return dropout.threshold < 256; }
   bool has_global_coordinates() const { return q_start != 0 || k_start != 0 || kv_block; }
@@ -54,6 +63,16 @@ struct Problem {
   // last query with the last key.
   std::int64_t causal_shift() const {
     return causal == CausalMode::bottom_right ? Lk - Lq : q_start - k_start;
+  }
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  bool has_softcap() const { return softcap > 0.0; }
+  // Any of window, ALiBi and softcap: what backends without them refuse (score_modifier_reasons).
+  bool has_score_modifiers() const { return has_window() || has_alibi || has_softcap(); }
+  // Where query i's diagonal meets the keys, for the window and ALiBi: key i + position_shift().
+  // causal_shift() where causal; without causal the bottom-right alignment Lk - Lq (global
+  // coordinates are refused there by validation).
+  std::int64_t position_shift() const {
+    return causal == CausalMode::top_left ? q_start - k_start : Lk - Lq;
   }
   // "bhqk" with a 1 for each broadcast dimension, "none" without bias.
   std::string bias_pattern() const;
@@ -108,6 +127,10 @@ std::vector<std::string> backend_names();
 // The instruction set of the cpu backend's kernels on this machine: "avx512", "avx2" or
 // "scalar" (the best the CPU has, capped by MEMEFF_CPU_ISA).
 const char* cpu_kernel_isa();
+
+// The reasons of a backend that has none of window, ALiBi and softcap yet, one per feature the
+// problem uses ("window: not in the <backend> kernels yet"); empty when it uses none.
+std::vector<std::string> score_modifier_reasons(const Problem& problem, const std::string& backend);
 
 // Validation: throw memeff::Error (invalid_argument) naming the first bad argument.
 Problem validate_inputs(const AttentionArgs& args);

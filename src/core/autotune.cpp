@@ -270,6 +270,10 @@ std::string tune_key(const Problem& p, Pass pass,
     if (p.causal != CausalMode::none) os << "|shift=" << p.causal_shift();
     os << "|k_start%64=" << p.k_start % 64 << (p.kv_block ? "|kv_block" : "");
   }
+  // Window, ALiBi and softcap only where used, so that existing keys stay valid.
+  if (p.has_window()) os << "|window=" << p.window_left << "," << p.window_right;
+  if (p.has_alibi) os << "|alibi=" << (p.alibi_per_batch ? "bh" : "h");
+  if (p.has_softcap()) os << "|softcap";
   os << "|gqa=" << p.group_size() << "|pass=" << (pass == Pass::forward ? "forward" : "backward")
      << "|candidates=";
   for (std::size_t i = 0; i < names.size(); ++i) os << (i ? "," : "") << names[i];

@@ -102,8 +102,8 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   const std::uint64_t flags = (p.has_bias ? 1u : 0u) | (p.bias_bcast_b ? 2u : 0u) |
                               (p.bias_bcast_h ? 4u : 0u) | (p.bias_bcast_q ? 8u : 0u) |
                               (p.vector_aligned ? 16u : 0u) | (autotune ? 32u : 0u) |
-                              (log ? 64u : 0u) | (p.packed ? 128u : 0u) |
-                              (p.kv_block ? 256u : 0u);
+                              (log ? 64u : 0u) | (p.packed ? 128u : 0u) | (p.kv_block ? 256u : 0u) |
+                              (p.has_alibi ? 512u : 0u) | (p.alibi_per_batch ? 1024u : 0u);
   w[7] = static_cast<std::uint64_t>(p.dtype) | static_cast<std::uint64_t>(p.device.type) << 8 |
          static_cast<std::uint64_t>(p.bias_dtype) << 16 |
          static_cast<std::uint64_t>(p.causal) << 24 | static_cast<std::uint64_t>(pass) << 32 |
@@ -120,6 +120,10 @@ DecisionKey decision_key(const Problem& p, Pass pass, const OrderRef& order, boo
   // handful of distinct values.
   w[15] = static_cast<std::uint64_t>(p.q_start);
   w[16] = static_cast<std::uint64_t>(p.k_start);
+  // Window, ALiBi and softcap: backends without them refuse the call (score_modifier_reasons).
+  w[17] = static_cast<std::uint64_t>(p.window_left);
+  w[18] = static_cast<std::uint64_t>(p.window_right);
+  w[19] = std::bit_cast<std::uint64_t>(p.softcap);
   return key;
 }
 

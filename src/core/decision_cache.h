@@ -2,7 +2,8 @@
 // chosen for a call signature, so that a repeated call skips the walk over every backend's
 // reasons and the texts that go with it. The signature is everything a decision depends on:
 // the Problem (sizes, dtypes, device, flags, bias pattern, alignment class, packed sequences and
-// their packed row counts, which a packed pass's workspace may scale with, global coordinates),
+// their packed row counts, which a packed pass's workspace may scale with, global coordinates,
+// window, ALiBi and softcap),
 // the pass, the backend order and where it came from, and whether autotuning and the dispatch
 // log are on. Entries are dropped when the registry or the autotune memory changes (a
 // process-wide generation counter).
@@ -32,7 +33,7 @@ struct OrderRef {
 };
 
 struct DecisionKey {
-  std::array<std::uint64_t, 17> words{};
+  std::array<std::uint64_t, 20> words{};
   friend bool operator==(const DecisionKey&, const DecisionKey&) = default;
 };
 

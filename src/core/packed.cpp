@@ -59,6 +59,11 @@ AttentionArgs sequence_args(const AttentionArgs& args, const SequenceRows& r) {
   a.q = sequence_view(args.q, r.q0, r.Lq);
   a.k = sequence_view(args.k, r.k0, r.Lk);
   a.v = sequence_view(args.v, r.k0, r.Lk);
+  if (a.alibi_slopes && a.alibi_slopes->rank == 2) {  // [S, Hq]: the sequence's row
+    TensorView& slopes = *a.alibi_slopes;
+    slopes.data = static_cast<float*>(slopes.data) + r.s * slopes.stride[0];
+    slopes.shape[0] = 1;
+  }
   return a;
 }
 

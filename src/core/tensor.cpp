@@ -1,14 +1,18 @@
 // The definitions behind memeff/tensor.h and the names in memeff/attention.h: TensorView's
 // constructors and description, element access by dtype, the spellings of dtypes, devices,
 // causal modes and error codes (one each, for messages and parsing), and the FLOP formulas.
+#include "memeff/tensor.h"
+
+#include <algorithm>
 #include <limits>
 #include <sstream>
 #include <vector>
 
 #include "core/numeric.h"
+#include "core/visible_keys.h"
 #include "memeff/attention.h"
+#include "memeff/backend.h"
 #include "memeff/error.h"
-#include "memeff/tensor.h"
 
 namespace memeff {
 
@@ -152,9 +156,30 @@ double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::in
   return causal == CausalMode::none ? f : 0.5 * f;
 }
 
+std::int64_t visible_pairs(std::int64_t Lq, std::int64_t Lk, CausalMode causal,
+                           const Window& window) {
+  // Problem::position_shift() of a call without global coordinates.
+  const std::int64_t shift = causal == CausalMode::top_left ? 0 : Lk - Lq;
+  const auto cap = [](std::int64_t side) { return std::min(side, Problem::kWindowCap); };
+  std::int64_t pairs = 0;
+  for (std::int64_t i = 0; i < Lq; ++i) {
+    pairs += detail::visible_key_span(i, Lk, causal != CausalMode::none, shift, cap(window.left),
+                                      cap(window.right))
+                 .size();
+  }
+  return pairs;
+}
+
+double attention_flops(std::int64_t B, std::int64_t Hq, std::int64_t Lq, std::int64_t Lk,
+                       std::int64_t D, CausalMode causal, const Window& window) {
+  if (!window.bounded()) return attention_flops(B, Hq, Lq, Lk, D, causal);
+  return 4.0 * static_cast<double>(B) * static_cast<double>(Hq) * static_cast<double>(D) *
+         static_cast<double>(visible_pairs(Lq, Lk, causal, window));
+}
+
 double attention_flops_packed(const std::vector<std::int64_t>& seqlens_q,
                               const std::vector<std::int64_t>& seqlens_k, std::int64_t Hq,
-                              std::int64_t D, CausalMode causal) {
+                              std::int64_t D, CausalMode causal, const Window& window) {
   if (seqlens_q.size() != seqlens_k.size()) {
     throw Error(ErrorCode::invalid_argument,
                 "argument `seqlens_k`: expected " + std::to_string(seqlens_q.size()) +
@@ -162,7 +187,7 @@ double attention_flops_packed(const std::vector<std::int64_t>& seqlens_q,
   }
   double total = 0.0;
   for (std::size_t s = 0; s < seqlens_q.size(); ++s) {
-    total += attention_flops(1, Hq, seqlens_q[s], seqlens_k[s], D, causal);
+    total += attention_flops(1, Hq, seqlens_q[s], seqlens_k[s], D, causal, window);
   }
   return total;
 }

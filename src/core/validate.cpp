@@ -8,6 +8,8 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/dropout_map.h"
 #include "memeff/backend.h"
@@ -210,8 +212,20 @@ std::string Problem::describe() const {
      << " bias=" << bias_pattern() << " dropout=" << dropout_p;
   if (q_start != 0 || k_start != 0) os << " q_start=" << q_start << " k_start=" << k_start;
   if (kv_block) os << " kv_block";
+  if (has_window()) os << " window=" << window_left << "," << window_right;
+  if (has_alibi) os << " alibi=" << (alibi_per_batch ? "bh" : "h");
+  if (has_softcap()) os << " softcap=" << softcap;
   os << " on " << device_name(device);
   return os.str();
+}
+
+std::vector<std::string> score_modifier_reasons(const Problem& p, const std::string& backend) {
+  std::vector<std::string> reasons;
+  const std::string missing = ": not in the " + backend + " kernels yet (docs/window.md)";
+  if (p.has_window()) reasons.push_back("window" + missing);
+  if (p.has_alibi) reasons.push_back("alibi_slopes" + missing);
+  if (p.has_softcap()) reasons.push_back("softcap" + missing);
+  return reasons;
 }
 
 namespace {
@@ -375,6 +389,57 @@ void check_global_coordinates(const AttentionArgs& args, Problem& p) {
   p.kv_block = args.kv_block;
 }
 
+// AttentionArgs::window, alibi_slopes and softcap (docs/window.md). Needs the sizes, the causal
+// mode and the global coordinates already in `p`.
+void check_score_modifiers(const AttentionArgs& args, Problem& p) {
+  const Window& w = args.window;
+  for (const auto& [side, value] : {std::pair{"left", w.left}, std::pair{"right", w.right}}) {
+    if (value < -1) {
+      fail("window", std::string("expected ") + side +
+                         " >= 0, or -1 for no bound on that side, got " + std::to_string(value));
+    }
+  }
+  const bool alignment_needs_lengths = args.causal != CausalMode::top_left;
+  if (w.bounded() && alignment_needs_lengths && args.has_global_coordinates()) {
+    fail("window", std::string("with causal ") + causal_mode_name(args.causal) +
+                       " the window aligns query i with key i + Lk - Lq, which a slice of a "
+                       "larger attention (q_start/k_start/kv_block) does not know; pass top_left");
+  }
+  p.window_left = std::min(w.left, Problem::kWindowCap);
+  p.window_right = std::min(w.right, Problem::kWindowCap);
+
+  if (args.alibi_slopes) {
+    const TensorView& s = *args.alibi_slopes;
+    if (s.rank != 1 && s.rank != 2) {
+      fail("alibi_slopes", "expected shape [Hq] or [B, Hq] (rank 1 or 2), got " +
+                               (s.rank ? shape_str(s) : std::string("an undefined view")));
+    }
+    check_view("alibi_slopes", s, s.rank);
+    check_dtype("alibi_slopes", s, DType::f32, "(slopes are fp32)");
+    check_device("alibi_slopes", s, args.q.device);
+    const bool per_batch = s.rank == 2;
+    if (s.shape[s.rank - 1] != p.Hq || (per_batch && s.shape[0] != p.B)) {
+      fail("alibi_slopes", "expected shape [Hq] = [" + std::to_string(p.Hq) + "] or [B, Hq] = [" +
+                               std::to_string(p.B) + ", " + std::to_string(p.Hq) + "]" +
+                               (args.packed ? " (B: the packed sequences)" : "") + ", got " +
+                               shape_str(s));
+    }
+    if (alignment_needs_lengths && args.has_global_coordinates()) {
+      fail("alibi_slopes", std::string("with causal ") + causal_mode_name(args.causal) +
+                               " the distances count from key i + Lk - Lq, which a slice of a "
+                               "larger attention (q_start/k_start/kv_block) does not know; pass "
+                               "top_left");
+    }
+    p.has_alibi = true;
+    p.alibi_per_batch = per_batch;
+  }
+
+  if (!std::isfinite(args.softcap) || args.softcap < 0.0) {
+    fail("softcap", "expected a finite number >= 0 (0: off), got " + std::to_string(args.softcap));
+  }
+  p.softcap = args.softcap;
+}
+
 }  // namespace
 
 Problem validate_inputs(const AttentionArgs& args) {
@@ -448,6 +513,7 @@ Problem validate_inputs(const AttentionArgs& args) {
                     device_name(q.device));
   }
   check_global_coordinates(args, p);
+  check_score_modifiers(args, p);
   if (args.packed && q.device.type == DeviceType::cpu) {  // host offsets: always checked
     validate_packed_offsets(static_cast<const std::int32_t*>(args.packed->cu_seqlens_q.data),
                             static_cast<const std::int32_t*>(args.packed->cu_seqlens_k.data), p);
@@ -499,12 +565,12 @@ Problem validate_forward(const AttentionArgs& args, const TensorView& out, const
   check_outputs(p, out, lse);
   check_no_self_overlap("out", out);
   check_no_self_overlap("lse", lse);
-  const std::array<Named, 4> inputs = {{{"q", &args.q},
-                                        {"k", &args.k},
-                                        {"v", &args.v},
-                                        {"bias", args.bias ? &*args.bias : nullptr}}};
+  std::array<Named, 5> inputs = {{{"q", &args.q}, {"k", &args.k}, {"v", &args.v}}};
+  std::size_t input_count = 3;
+  if (args.bias) inputs[input_count++] = {"bias", &*args.bias};
+  if (args.alibi_slopes) inputs[input_count++] = {"alibi_slopes", &*args.alibi_slopes};
   const std::array<Named, 2> outputs = {{{"out", &out}, {"lse", &lse}}};
-  check_no_alias(outputs, std::span(inputs).first(args.bias ? 4 : 3));
+  check_no_alias(outputs, std::span(inputs).first(input_count));
   p.vector_aligned = p.vector_aligned && vector_aligned(out);
   return p;
 }
@@ -543,15 +609,16 @@ Problem validate_backward(const AttentionArgs& args, const BackwardTensors& g) {
   for (std::size_t i = 0; i < output_count; ++i) {
     check_no_self_overlap(outputs[i].name, *outputs[i].view);
   }
-  const std::array<Named, 7> inputs = {{{"q", &args.q},
-                                        {"k", &args.k},
-                                        {"v", &args.v},
-                                        {"out", &g.out},
-                                        {"lse", &g.lse},
-                                        {"dout", &g.dout},
-                                        {"bias", args.bias ? &*args.bias : nullptr}}};
-  check_no_alias(std::span(outputs).first(output_count),
-                 std::span(inputs).first(args.bias ? 7 : 6));
+  std::array<Named, 8> inputs = {{{"q", &args.q},
+                                  {"k", &args.k},
+                                  {"v", &args.v},
+                                  {"out", &g.out},
+                                  {"lse", &g.lse},
+                                  {"dout", &g.dout}}};
+  std::size_t input_count = 6;
+  if (args.bias) inputs[input_count++] = {"bias", &*args.bias};
+  if (args.alibi_slopes) inputs[input_count++] = {"alibi_slopes", &*args.alibi_slopes};
+  check_no_alias(std::span(outputs).first(output_count), std::span(inputs).first(input_count));
   p.vector_aligned = p.vector_aligned && vector_aligned(g.dout) && vector_aligned(g.dq) &&
                      vector_aligned(g.dk) && vector_aligned(g.dv);
   return p;

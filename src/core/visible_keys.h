@@ -1,7 +1,8 @@
-// The one rule every backend (CPU and CUDA) uses for rows that see a single key: their softmax is
-// 1 whatever the score, so their dS is exactly 0, where P·(Z·dP − D) would leave the rounding of
-// D = rowsum(dO ∘ O) taken on the stored output. Query i sees key j iff j < Lk and, with a causal
-// mask, j <= i + causal_shift.
+// The one rule every backend (CPU and CUDA) uses for which keys a query row sees, and for rows
+// that see a single key: their softmax is 1 whatever the score, so their dS is exactly 0, where
+// P·(Z·dP − D) would leave the rounding of D = rowsum(dO ∘ O) taken on the stored output.
+// Query i sees key j iff j < Lk, with a causal mask j <= i + causal_shift, and with a sliding
+// window i + shift - left <= j <= i + shift + right (docs/window.md).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,25 @@ MEMEFF_HD bool sees_one_key(std::int64_t i, std::int64_t Lk, bool causal,
                             std::int64_t causal_shift) {
   const std::int64_t causal_count = i + causal_shift + 1;  // keys 0 .. i + shift
   return (causal && causal_count < Lk ? causal_count : Lk) == 1;
+}
+
+// Keys [begin, end) of one query row; end <= begin when it sees none.
+struct KeySpan {
+  std::int64_t begin = 0, end = 0;
+  MEMEFF_HD std::int64_t size() const { return end > begin ? end - begin : 0; }
+};
+
+// The keys query row i sees: 0 <= j < Lk, and i + shift - left <= j <= i + shift + right for the
+// window sides that are >= 0 (-1: unbounded), with right capped at 0 when causal (shift is then
+// the causal shift). Sides are at most Problem::kWindowCap, so nothing overflows.
+MEMEFF_HD KeySpan visible_key_span(std::int64_t i, std::int64_t Lk, bool causal, std::int64_t shift,
+                                   std::int64_t left, std::int64_t right) {
+  if (causal) right = 0;  // unbounded or not, a causal row sees nothing past its diagonal
+  const std::int64_t diagonal = i + shift;
+  KeySpan span{0, Lk};
+  if (left >= 0 && diagonal - left > span.begin) span.begin = diagonal - left;
+  if (right >= 0 && diagonal + right + 1 < span.end) span.end = diagonal + right + 1;
+  return span;
 }
 
 }  // namespace memeff::detail

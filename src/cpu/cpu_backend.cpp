@@ -281,6 +281,7 @@ class CpuBackend final : public Backend {
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass) const override {
     std::vector<std::string> why;
     if (pb.device.type != DeviceType::cpu) why.push_back("inputs are not on the CPU");
+    for (std::string& r : score_modifier_reasons(pb, name())) why.push_back(std::move(r));
     if (pb.dtype == DType::f64) {
       why.push_back("fp64 inputs: the cpu backend computes in fp32 (the reference runs fp64)");
     }

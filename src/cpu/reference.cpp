@@ -9,6 +9,7 @@
 #include "core/builtin_backends.h"
 #include "core/numeric.h"
 #include "core/packed.h"
+#include "core/score_modifiers.h"
 #include "memeff/backend.h"
 #include "memeff/dropout.h"
 
@@ -28,6 +29,7 @@ std::int64_t bias_offset(const TensorView& bias, std::int64_t b, std::int64_t h,
 // One query row's softmax probabilities (normalized) and dropout multipliers.
 struct Row {
   std::vector<double> p;        // softmax over visible keys; 0 where masked
+  std::vector<double> cap_grad;  // d(capped score)/d(scaled score): 1 - tanh² with softcap, else 1
   std::vector<double> z;        // keep_scale or 0 (1 everywhere without dropout)
   std::vector<char> visible;    // the key is in the row's softmax (not masked, score not -inf)
   double lse = kNegInf;         // -inf when no key is visible; NaN when a score is NaN or +inf
@@ -123,8 +125,11 @@ class ReferenceBackend final : public Backend {
               dv[kv_index(b, kvh, j, pb.Dv) + e] +=
                   pz * load_as_double(g.dout, g.dout.offset(b, h, i, e));
             }
-            const double ds = row.p[j] * (row.z[j] * dp[j] - di);  // dS = P ∘ (Z ∘ dP' - D_i)
-            if (dbias_view) dbias[dbias_index(b, h, i, j)] += ds;
+            // dS = P ∘ (Z ∘ dP' - D_i): the gradient of the score the bias is added to; the
+            // scaled product q·k·scale gets it through the cap's derivative.
+            const double ds_post = row.p[j] * (row.z[j] * dp[j] - di);
+            if (dbias_view) dbias[dbias_index(b, h, i, j)] += ds_post;
+            const double ds = ds_post * row.cap_grad[j];
             for (std::int64_t e = 0; e < pb.D; ++e) {
               dq_row[e] += pb.scale * ds * load_as_double(k, k.offset(b, kvh, j, e));
               dk[kv_index(b, kvh, j, pb.D) + e] +=
@@ -172,12 +177,15 @@ class ReferenceBackend final : public Backend {
     row.p.assign(static_cast<std::size_t>(pb.Lk), 0.0);
     row.z.assign(static_cast<std::size_t>(pb.Lk), 1.0);
     row.visible.assign(static_cast<std::size_t>(pb.Lk), 0);
+    row.cap_grad.assign(static_cast<std::size_t>(pb.Lk), 1.0);
     std::vector<double> s(static_cast<std::size_t>(pb.Lk), kNegInf);
     // The maximum of the visible scores; NaN when one is NaN or +inf (then so is every P).
     double m = kNegInf;
     bool any = false;
+    const KeySpan keys = row_keys(pb, i);  // causal mask and window
+    const double slope = alibi_slope(pb, args, b, h);
     for (std::int64_t j = 0; j < pb.Lk; ++j) {
-      if (pb.causal != CausalMode::none && j > i + pb.causal_shift()) continue;
+      if (j < keys.begin || j >= keys.end) continue;
       // A -inf bias removes the key whatever its score holds (docs/api.md): a NaN or Inf there
       // does not reach the row.
       const double bias =
@@ -187,7 +195,16 @@ class ReferenceBackend final : public Backend {
       for (std::int64_t e = 0; e < pb.D; ++e) {
         dot += load_as_double(q, q.offset(b, h, i, e)) * load_as_double(k, k.offset(b, kvh, j, e));
       }
-      s[j] = pb.scale * dot + bias;
+      double score = pb.scale * dot;
+      if (pb.has_softcap()) {  // Gemma-2's order: cap the scaled product, then add the rest
+        const double t = std::tanh(score / pb.softcap);
+        score = pb.softcap * t;
+        row.cap_grad[j] = 1.0 - t * t;
+      }
+      if (pb.has_alibi) {
+        score -= static_cast<double>(slope) * static_cast<double>(alibi_distance(pb, i, j));
+      }
+      s[j] = score + bias;
       if (s[j] == kNegInf) continue;  // weight 0, as a masked key
       row.visible[static_cast<std::size_t>(j)] = 1;
       any = true;

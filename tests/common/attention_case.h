@@ -35,6 +35,9 @@ struct Config {
   DType dtype = DType::f32;
   Layout layout = Layout::bhld;
   std::uint64_t seed = 99, offset = 3;
+  Window window{};             // docs/window.md
+  std::string alibi = "none";  // "none", "h" (slopes [Hq]) or "bh" (slopes [B, Hq])
+  double softcap = 0.0;
 
   std::int64_t dv() const { return Dv < 0 ? D : Dv; }
   std::string describe() const {
@@ -42,7 +45,12 @@ struct Config {
            " Hkv" + std::to_string(Hkv) + " Lq" + std::to_string(Lq) + " Lk" + std::to_string(Lk) +
            " D" + std::to_string(D) + " Dv" + std::to_string(dv()) + " causal " +
            causal_mode_name(causal) + " bias " + bias + " p " + std::to_string(dropout) +
-           (layout == Layout::blhd ? " blhd" : " bhld");
+           (layout == Layout::blhd ? " blhd" : " bhld") +
+           (window.bounded()
+                ? " window " + std::to_string(window.left) + "," + std::to_string(window.right)
+                : "") +
+           (alibi != "none" ? " alibi " + alibi : "") +
+           (softcap > 0 ? " softcap " + std::to_string(softcap) : "");
   }
 };
 
@@ -51,6 +59,7 @@ struct Case {
   Config cfg;
   HostTensor q, k, v, out, lse, dout, dq, dk, dv;
   std::optional<HostTensor> bias, dbias;
+  std::optional<HostTensor> slopes;  // ALiBi, fp32
 
   Case(const Config& c, std::uint64_t data_seed)
       : cfg(c),
@@ -74,6 +83,11 @@ struct Case {
       dbias.emplace(c.dtype, shape);
       test::fill_normal(*bias, rng);
     }
+    if (c.alibi != "none") {
+      slopes.emplace(DType::f32, c.alibi == "bh" ? std::vector<std::int64_t>{c.B, c.Hq}
+                                                 : std::vector<std::int64_t>{c.Hq});
+      test::fill_uniform(*slopes, rng, 0.01, 0.5);  // ALiBi's slopes lie in (0, 1)
+    }
     poison_outputs();
   }
   void poison_outputs() {
@@ -87,6 +101,9 @@ struct Case {
     a.causal = cfg.causal;
     a.dropout_p = cfg.dropout;
     a.rng = {cfg.seed, cfg.offset};
+    a.window = cfg.window;
+    if (slopes) a.alibi_slopes = slopes->view;
+    a.softcap = cfg.softcap;
     return a;
   }
   // The backward's tensors: dout, this case's out and lse, and the gradients.

@@ -272,6 +272,15 @@ const GradcheckCase kGradcheckCases[] = {
                                           .causal = CausalMode::bottom_right, .bias = "11qk",
                                           .dropout = 0.5}},
     {"MultiQueryNoMask", {.Hq = 3, .Hkv = 1, .Lq = 6, .Lk = 11, .D = 4, .Dv = 3, .bias = "bh1k"}},
+    // docs/window.md: the cap's derivative reaches q and k, dbias takes the capped score's.
+    {"SoftcapWithFullBiasAndDropout", {.Hkv = 1, .Lq = 9, .Lk = 13, .D = 4, .Dv = 3,
+                                       .bias = "bhqk", .dropout = 0.2, .softcap = 0.8}},
+    {"AlibiPerBatchHeadWithBiasAndWindow", {.B = 2, .Hkv = 1, .Lq = 11, .Lk = 15, .D = 4, .Dv = 3,
+                                            .causal = CausalMode::top_left, .bias = "b1qk",
+                                            .dropout = 0.1, .window = {4, -1}, .alibi = "bh"}},
+    {"WindowAlibiSoftcapWithoutCausal", {.Hq = 2, .Hkv = 1, .Lq = 12, .Lk = 9, .D = 4, .Dv = 3,
+                                         .bias = "11qk", .window = {2, 3}, .alibi = "h",
+                                         .softcap = 1.5}},
 };
 // clang-format on
 

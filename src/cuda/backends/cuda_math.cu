@@ -157,6 +157,8 @@ class CudaMathBackend final : public CudaBackendBase {
       reasons.push_back("packed sequences (cu_seqlens): cuda_math runs dense batches only");
     }
     if (p.dtype == DType::f64) reasons.push_back("fp64 is not supported (fp32, fp16 and bf16 are)");
+    const std::vector<std::string> modifiers = score_modifier_reasons(p, name());
+    reasons.insert(reasons.end(), modifiers.begin(), modifiers.end());
     const std::int64_t G = std::max<std::int64_t>(p.group_size(), 1);
     if (G * p.Lq > INT_MAX || p.Lk > INT_MAX || p.D > INT_MAX || p.Dv > INT_MAX) {
       reasons.push_back("a matrix dimension exceeds cuBLAS's 32-bit sizes");
