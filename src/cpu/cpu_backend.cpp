@@ -6,7 +6,9 @@
 // map's 64-column block, so a row's keep-bits for a tile are one 64-bit word. Forward threads take
 // (b, h, query block) items; backward threads take the key blocks of one (b, kv head) at a time,
 // each owning its dK/dV tile and its dbias columns, with per-thread dQ partials summed after each
-// kv head.
+// kv head. A sliding window (docs/window.md) bounds both loops: key tiles no row of a query tile
+// sees, and query tiles no key of a key tile is seen by, are skipped, so the work grows with the
+// window rather than with Lk.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "core/dropout_map.h"
 #include "core/numeric.h"
 #include "core/packed.h"
+#include "core/score_modifiers.h"
 #include "core/visible_keys.h"
 #include "cpu/simd_kernels.h"
 #include "memeff/backend.h"
@@ -173,6 +176,7 @@ std::size_t backward_thread_tile_bytes(const Dims& d) {
          + 2 * Arena::padded(kBr * f)                     // lse, D_i
          + 2 * Arena::padded(kBr * w)                     // keep-bits (two when unaligned)
          + Arena::padded(kBc * f)                         // bias row
+         + Arena::padded(kBc * f)                         // softcap derivative of a row
          + Arena::padded(2 * std::max(d.Dp, d.Dvp) * f);  // row conversion scratch (two rows)
 }
 
@@ -233,13 +237,52 @@ struct BiasReader {
 // What both passes' tile loops read of one call besides the tensors and the tile sizes.
 struct PassConstants {
   PassConstants(const Problem& pb, const AttentionArgs& args)
-      : bias{args.bias ? &*args.bias : nullptr},
+      : args(args),
+        pb(pb),
+        bias{args.bias ? &*args.bias : nullptr},
         scale(static_cast<float>(pb.scale)),
         G(pb.group_size()),
         dropout(pb.has_dropout()),
         key(dropout ? dropout_key(args.rng.seed, args.rng.offset) : DropoutKey{0, 0}),
         threshold(pb.dropout.threshold),
-        keep_scale(static_cast<float>(pb.dropout.keep_scale)) {}
+        keep_scale(static_cast<float>(pb.dropout.keep_scale)),
+        softcap(static_cast<float>(pb.softcap)),
+        row_scale(pb.has_softcap() ? 1.0f : scale) {}
+
+  // Row i's keys within tile [j0, j0 + cols): columns [first, valid) (valid <= first: none).
+  void tile_columns(std::int64_t i, std::int64_t j0, int cols, int& first, int& valid) const {
+    const KeySpan keys = row_keys(pb, i);
+    first = static_cast<int>(std::clamp<std::int64_t>(keys.begin - j0, 0, cols));
+    valid = static_cast<int>(std::clamp<std::int64_t>(keys.end - j0, 0, cols));
+  }
+
+  // Softcap, ALiBi and the window's left edge for one tile row, in scalar code around the vector
+  // row steps (which know a bias and a visible prefix only). With softcap the raw scores s[c]
+  // become the capped c·tanh(scale·s / c) (the kernels then take scale 1: row_scale) and
+  // cap_grad[c] their derivative 1 - tanh² (when cap_grad is given). Returns the row the kernels
+  // add: `bias` itself where nothing additive changes, else `terms` (which may be `bias`) holding
+  // bias - slope·|i + shift - j| and -inf before column `first`. Calls without window, ALiBi and
+  // softcap never come here, so their results are those of the plain path bit for bit.
+  const float* modify_row(float* s, const float* bias_row, std::int64_t b, std::int64_t h,
+                          std::int64_t i, std::int64_t j0, int first, int valid, float* terms,
+                          float* cap_grad) const {
+    if (pb.has_softcap()) {
+      for (int c = first; c < valid; ++c) {
+        const float t = std::tanh(scale * s[c] / softcap);
+        s[c] = softcap * t;
+        if (cap_grad) cap_grad[c] = 1.0f - t * t;
+      }
+    }
+    if (!pb.has_alibi && first == 0) return bias_row;
+    const float slope = alibi_slope(pb, args, b, h);
+    const std::int64_t distance0 = i + pb.position_shift() - j0;  // of column 0
+    for (int c = 0; c < valid; ++c) {
+      const float add = bias_row ? bias_row[c] : 0.0f;
+      const std::int64_t dist = distance0 - c;
+      terms[c] = c < first ? -kInf : add - slope * static_cast<float>(dist < 0 ? -dist : dist);
+    }
+    return terms;
+  }
 
   // Keep-bits of `rows` query rows from global row `row0` for the 64 keys from global key `col0`:
   // bit c of keep[r] is key col0 + c. Key tiles start at multiples of 64 in the call, so they sit
@@ -256,6 +299,8 @@ struct PassConstants {
   }
 
   const CpuKernels& kern = cpu_kernels();
+  const AttentionArgs& args;
+  const Problem& pb;
   BiasReader bias;
   float scale;     // of the scores
   std::int64_t G;  // query heads per kv head
@@ -263,14 +308,9 @@ struct PassConstants {
   DropoutKey key;  // {0, 0} without dropout
   std::uint32_t threshold;
   float keep_scale;  // of kept values: 256 / threshold
+  float softcap;     // 0: off
+  float row_scale;   // the scale the row kernels apply: 1 where modify_row capped the scores
 };
-
-// Number of keys of tile [j0, j0 + cols) row i sees (a prefix of the tile).
-inline int visible_prefix(const Problem& pb, std::int64_t i, std::int64_t j0, int cols) {
-  if (pb.causal == CausalMode::none) return cols;
-  const std::int64_t last = i + pb.causal_shift();  // last visible key
-  return static_cast<int>(std::clamp<std::int64_t>(last - j0 + 1, 0, cols));
-}
 
 class CpuBackend final : public Backend {
  public:
@@ -281,7 +321,6 @@ class CpuBackend final : public Backend {
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass) const override {
     std::vector<std::string> why;
     if (pb.device.type != DeviceType::cpu) why.push_back("inputs are not on the CPU");
-    for (std::string& r : score_modifier_reasons(pb, name())) why.push_back(std::move(r));
     if (pb.dtype == DType::f64) {
       why.push_back("fp64 inputs: the cpu backend computes in fp32 (the reference runs fp64)");
     }
@@ -371,11 +410,11 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
       std::fill(o, o + rows * d.Dvp, 0.0f);
       std::fill(m, m + rows, -kInf);
       std::fill(l, l + rows, 0.0f);
-      std::int64_t key_end = pb.Lk;  // keys past the last row's horizon are skipped
-      if (pb.causal != CausalMode::none) {
-        key_end = std::clamp<std::int64_t>(i0 + rows - 1 + pb.causal_shift() + 1, 0, pb.Lk);
-      }
-      for (std::int64_t j0 = 0; j0 < key_end; j0 += kBc) {
+      // Keys before the first row's window and past the last row's horizon are skipped (spans
+      // move right with the row), whole tiles at a time: tiles stay on the 64-key grid.
+      const std::int64_t key_begin = row_keys(pb, i0).begin / kBc * kBc;
+      const std::int64_t key_end = row_keys(pb, i0 + rows - 1).end;
+      for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kBc) {
         const int cols = static_cast<int>(std::min<std::int64_t>(kBc, pb.Lk - j0));
         for (int c = 0; c < cols; ++c) {
           const float* krow = conv;
@@ -401,13 +440,19 @@ void CpuBackend::forward(const Problem& pb, const AttentionArgs& args, const Ten
         for (int r = 0; r < rows; ++r) {
           float* srow = s + r * kBc;
           const std::int64_t i = i0 + r;
-          const int valid = visible_prefix(pb, i, j0, cols);
-          if (valid <= 0) {
+          int first = 0, valid = 0;
+          pc.tile_columns(i, j0, cols, first, valid);
+          if (valid <= first) {
             std::fill(srow, srow + kBc, 0.0f);
             continue;
           }
           const float* bias_row = pc.bias.bias ? pc.bias.row(b, h, i, j0, valid, brow) : nullptr;
-          pc.kern.online_softmax64(srow, pc.scale, bias_row, valid, &m[r], &l[r], o + r * d.Dvp,
+          float row_scale = pc.scale;
+          if (pb.has_score_modifiers()) {
+            bias_row = pc.modify_row(srow, bias_row, b, h, i, j0, first, valid, brow, nullptr);
+            row_scale = pc.row_scale;
+          }
+          pc.kern.online_softmax64(srow, row_scale, bias_row, valid, &m[r], &l[r], o + r * d.Dvp,
                                    static_cast<int>(d.Dvp));
           if (pc.dropout) pc.kern.apply_keep64(srow, keep[r], 1.0f);
         }
@@ -500,6 +545,7 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
     std::uint64_t* keep = arena.words(kBr);
     std::uint64_t* keep_spare = arena.words(kBr);
     float* brow = arena.floats(kBc);
+    float* cap_grad = arena.floats(kBc);
     float* conv = arena.floats(2 * std::max(d.Dp, d.Dvp));
     float* part = reinterpret_cast<float*>(parts_base + part_bytes * static_cast<std::size_t>(tid));
     std::fill(kj, kj + kBc * d.Dp, 0.0f);
@@ -544,12 +590,10 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
         for (std::int64_t hg = 0; hg < pc.G; ++hg) {
           const std::int64_t h = kvh * pc.G + hg;
           const std::int64_t bh = (pb.rng_batch0 + b) * pb.Hq + h;  // the dropout map's head
-          std::int64_t i_begin = 0;  // first query row that sees key j0
-          if (pb.causal != CausalMode::none) {
-            i_begin = std::clamp<std::int64_t>(j0 - pb.causal_shift(), 0, pb.Lq);
-          }
-          for (std::int64_t i0 = i_begin; i0 < pb.Lq; i0 += kBr) {
-            const int rows = static_cast<int>(std::min<std::int64_t>(kBr, pb.Lq - i0));
+          // The query rows that see a key of this tile (causal mask and window).
+          const KeySpan seen_by = rows_seeing(pb, j0, j0 + cols);
+          for (std::int64_t i0 = seen_by.begin; i0 < seen_by.end; i0 += kBr) {
+            const int rows = static_cast<int>(std::min<std::int64_t>(kBr, seen_by.end - i0));
             for (int r = 0; r < rows; ++r) {
               const std::int64_t i = i0 + r;
               load_row(q, q.offset(b, h, i, 0), d.D, qi + r * d.Dp);
@@ -572,23 +616,28 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
               float* prow = s + r * kBc;
               float* dprow = dp + r * kBc;
               float* dsrow = ds + r * kBc;
-              const int valid = visible_prefix(pb, i, j0, cols);
-              if (valid <= 0) {
+              int first = 0, valid = 0;
+              pc.tile_columns(i, j0, cols, first, valid);
+              if (valid <= first) {
                 std::fill(prow, prow + kBc, 0.0f);
                 std::fill(dsrow, dsrow + kBc, 0.0f);
                 continue;
               }
               const float* bias_row =
                   pc.bias.bias ? pc.bias.row(b, h, i, j0, valid, brow) : nullptr;
+              float row_scale = pc.scale;
+              if (pb.has_score_modifiers()) {
+                bias_row = pc.modify_row(prow, bias_row, b, h, i, j0, first, valid, brow, cap_grad);
+                row_scale = pc.row_scale;
+              }
               // P = exp(S·scale + bias − lse), dS = P∘(Z∘dP − D_i); prow becomes P∘Z for dV.
-              pc.kern.softmax_grad64(prow, dprow, dsrow, pc.scale, bias_row, valid, lse_r[r], di[r],
-                                     pc.dropout ? keep[r] : 0, pc.keep_scale, pc.dropout);
+              pc.kern.softmax_grad64(prow, dprow, dsrow, row_scale, bias_row, valid, lse_r[r],
+                                     di[r], pc.dropout ? keep[r] : 0, pc.keep_scale, pc.dropout);
               // dS is exactly 0 for a row that sees one key (core/visible_keys.h); not in a key
               // block of a larger attention, where the row may see keys of other blocks too.
               // A NaN or Inf stays: it is the data's, not rounding's (docs/api.md); x·0 is 0 for
               // finite x and NaN otherwise, as in the sm90 backward.
-              if (!pb.kv_block &&
-                  sees_one_key(i, pb.Lk, pb.causal != CausalMode::none, pb.causal_shift())) {
+              if (!pb.kv_block && row_keys(pb, i).size() == 1) {
                 for (int c = 0; c < kBc; ++c) dsrow[c] *= 0.0f;
               }
               if (dbias) {
@@ -605,6 +654,10 @@ void CpuBackend::backward(const Problem& pb, const AttentionArgs& args, const Ba
                 } else {
                   store_row(db, db.offset(bb, hh, ii, j0), cols, dsrow, 1.0f);
                 }
+              }
+              // dbias took the gradient of the capped score; q and k get it through the cap.
+              if (pb.has_softcap()) {
+                for (int c = first; c < valid; ++c) dsrow[c] *= cap_grad[c];
               }
             }
             // dV += (P∘Z)ᵀ·dO and dK += dSᵀ·Q, reading the row-major tiles as transposed factors.

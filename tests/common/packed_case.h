@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct PackedConfig {
   double dropout = 0.0;
   DType dtype = DType::f32;
   std::uint64_t seed = 7, offset = 11;
+  Window window{};     // docs/window.md: aligned per sequence
+  bool alibi = false;  // slopes [S, Hq]: per sequence and head
+  double softcap = 0.0;
 
   std::int64_t dv() const { return Dv < 0 ? D : Dv; }
   const std::vector<std::int64_t>& lens_k() const {
@@ -71,6 +75,7 @@ struct PackedCase {
   std::vector<std::int32_t> cu_q, cu_k;
   std::int64_t Tq = 0, Tk = 0, max_q = 0, max_k = 0;
   HostTensor q, k, v, out, lse, dout, dq, dk, dv;
+  std::optional<HostTensor> slopes;  // [S, Hq] when cfg.alibi
 
   PackedCase(const PackedConfig& c, std::uint64_t data_seed)
       : cfg(c), cu_q(cumulative(c.seqlens_q)), cu_k(cumulative(c.lens_k())) {
@@ -92,6 +97,10 @@ struct PackedCase {
     fill_normal(k, rng);
     fill_normal(v, rng);
     fill_normal(dout, rng);
+    if (c.alibi) {
+      slopes.emplace(DType::f32, std::vector<std::int64_t>{c.sequences(), c.Hq});
+      fill_uniform(*slopes, rng, 0.01, 0.5);
+    }
     poison_outputs();
   }
   void poison_outputs() {
@@ -105,6 +114,9 @@ struct PackedCase {
     a.dropout_p = cfg.dropout;
     a.rng = {cfg.seed, cfg.offset};
     a.packed = packed();
+    a.window = cfg.window;
+    if (slopes) a.alibi_slopes = slopes->view;
+    a.softcap = cfg.softcap;
     return a;
   }
   CallInfo run_forward(const std::string& backend) {
