@@ -216,6 +216,15 @@ std::vector<std::int64_t> packed_key_lengths(const std::vector<std::int64_t>& se
   return kv_seqlens;
 }
 
+std::optional<Window> window_from_text(std::string_view text) {
+  const std::vector<std::string> sides = split(text, ',');
+  if (sides.size() != 2) return std::nullopt;
+  const std::optional<long long> left = whole_integer(sides[0], 10),
+                                 right = whole_integer(sides[1], 10);
+  if (!left || !right || *left < -1 || *right < -1) return std::nullopt;
+  return Window{*left, *right};
+}
+
 std::vector<std::string> split(std::string_view text, char sep) {
   std::vector<std::string> parts;
   std::size_t start = 0;
@@ -235,6 +244,8 @@ void ShapeConfig::check() const {
                      ") must be a multiple of the key/value heads, got " + std::to_string(hkv()));
   }
   if (bias_dtype && !bias.present) throw UsageError("--bias-dtype: given without --bias");
+  if (softcap < 0.0)
+    throw UsageError("--softcap: expected a number >= 0 (0: off), got " + std::to_string(softcap));
 }
 
 std::string ShapeConfig::describe(DType resolved) const {
@@ -244,6 +255,9 @@ std::string ShapeConfig::describe(DType resolved) const {
      << " causal=" << causal_mode_name(causal) << " bias=" << bias.text();
   if (bias.present) os << "/" << dtype_name(bias_dtype_for(resolved));
   os << " dropout=" << dropout;
+  if (window.bounded()) os << " window=" << window.left << "," << window.right;
+  if (alibi) os << " alibi";
+  if (softcap > 0.0) os << " softcap=" << softcap;
   return os.str();
 }
 
@@ -274,6 +288,15 @@ void add_shape_flags(CLI::App& app, ShapeConfig& c) {
               "dropout seed, 64-bit (default 0); also seeds the random inputs");
   add_checked(app, "--offset", c.offset, "O", unsigned64(), "dropout offset, 64-bit (default 0)");
   add_checked(app, "--scale", c.scale, "X", finite_number(), "softmax scale (default 1/sqrt(D))");
+  add_value(app, "--window", c.window, window_from_text,
+            "LEFT,RIGHT with each side -1 (unbounded) or >= 0", "LEFT,RIGHT",
+            "sliding window: query i sees keys i+shift-LEFT .. i+shift+RIGHT, -1 unbounded\n"
+            "(shift as the causal alignment; Lk-Lq without causal; docs/window.md)");
+  app.add_flag("--alibi", c.alibi,
+               "ALiBi with the standard slopes: 2^(-8(h+1)/Hq) for a power-of-two Hq,\n"
+               "else those of the next lower power of two n then 2^(-4(2k+1)/n)");
+  add_checked(app, "--softcap", c.softcap, "C", finite_number(),
+              "logit softcap: the scaled score s becomes C*tanh(s/C) (default 0: off)");
 }
 
 void parse_fields(CLI::App& fields, std::string_view text) {

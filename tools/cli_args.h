@@ -101,6 +101,10 @@ struct BiasPattern {
   static std::optional<BiasPattern> from_text(std::string_view text);  // nullopt: not a pattern
 };
 
+// "LEFT,RIGHT": the two sides of a sliding window, each -1 (unbounded) or >= 0 (nullopt for
+// anything else).
+std::optional<Window> window_from_text(std::string_view text);
+
 // "L1,L2,..": comma-separated lengths >= 0 (nullopt for anything else).
 std::optional<std::vector<std::int64_t>> lengths_from_text(std::string_view text);
 
@@ -126,7 +130,11 @@ struct ShapeConfig {
   double dropout = 0.1;
   std::uint64_t seed = 0, offset = 0;
   std::optional<double> scale;
+  Window window{};       // --window LEFT,RIGHT (docs/window.md)
+  bool alibi = false;    // --alibi: the standard slopes of Hq heads (alibi_slopes)
+  double softcap = 0.0;  // --softcap C
 
+  bool has_score_modifiers() const { return window.bounded() || alibi || softcap > 0.0; }
   std::int64_t hkv() const { return Hkv.value_or(Hq); }
   std::int64_t lk() const { return Lk.value_or(Lq); }
   std::int64_t dv() const { return Dv.value_or(D); }
@@ -142,7 +150,8 @@ struct ShapeConfig {
 };
 
 // Adds --batch --heads --kv-heads --lq --lk --head-dim --v-head-dim --dtype --causal --bias
-// --bias-dtype --dropout --seed --offset --scale, writing into `config`.
+// --bias-dtype --dropout --seed --offset --scale --window --alibi --softcap, writing into
+// `config`.
 void add_shape_flags(CLI::App& app, ShapeConfig& config);
 
 // Parses `text` split at commas as the positional arguments of `fields` (an app whose positionals

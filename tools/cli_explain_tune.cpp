@@ -47,8 +47,13 @@ AttentionArgs placeholder_args(const ShapeConfig& c, Device device) {
     }
     return v;
   };
+  TensorView slopes = view(4, {1, 1, 1, c.Hq});  // fp32 [Hq]: reshaped below
+  slopes.dtype = DType::f32;
+  slopes.rank = 1;
+  slopes.shape = {c.Hq, 0, 0, 0};
+  slopes.stride = {1, 0, 0, 0};
   return make_args(c, view(0, {c.B, c.Hq, c.Lq, c.D}), view(1, {c.B, c.hkv(), c.lk(), c.D}),
-                   view(2, {c.B, c.hkv(), c.lk(), c.dv()}), view(3, bias_dims(c)));
+                   view(2, {c.B, c.hkv(), c.lk(), c.dv()}), view(3, bias_dims(c)), slopes);
 }
 
 void progress_bar(std::size_t done, std::size_t total, const std::string& what) {

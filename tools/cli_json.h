@@ -18,7 +18,8 @@ inline std::string json_text(const Json& value, int indent = -1) {
   return value.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
-// The problem's shape and mask fields of a run report (B through dropout), shared by `memeff run`
+// The problem's shape and mask fields of a run report (B through dropout, and the window,
+// ALiBi and softcap where set), shared by `memeff run`
 // and `memeff run --context-parallel`.
 inline void add_shape_json(Json& j, const ShapeConfig& c) {
   j["B"] = c.B;
@@ -31,6 +32,10 @@ inline void add_shape_json(Json& j, const ShapeConfig& c) {
   j["causal"] = causal_mode_name(c.causal);
   j["bias"] = c.bias.text();
   j["dropout"] = c.dropout;
+  // Window, ALiBi and softcap only where set, so that other reports keep their keys.
+  if (c.window.bounded()) j["window"] = {c.window.left, c.window.right};
+  if (c.alibi) j["alibi"] = true;
+  if (c.softcap > 0.0) j["softcap"] = c.softcap;
 }
 
 // fwd_ms bwd_ms fwd_tflops bwd_tflops, and both passes' TFLOP/s under `fwdbwd_key` (`memeff run`

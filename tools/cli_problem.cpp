@@ -3,6 +3,7 @@
 #include "cli_problem.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "memeff/error.h"
@@ -25,8 +26,21 @@ std::vector<std::int64_t> bias_dims(const ShapeConfig& c) {
   return {c.bias.bcast_b ? 1 : c.B, c.bias.bcast_h ? 1 : c.Hq, c.bias.bcast_q ? 1 : c.Lq, c.lk()};
 }
 
+std::vector<float> alibi_slopes(std::int64_t heads) {
+  std::int64_t n = 1;  // the largest power of two <= heads
+  while (n * 2 <= heads) n *= 2;
+  std::vector<float> slopes;
+  for (std::int64_t h = 0; h < n && h < heads; ++h) {
+    slopes.push_back(static_cast<float>(std::exp2(-8.0 * static_cast<double>(h + 1) / n)));
+  }
+  for (std::int64_t k = 0; static_cast<std::int64_t>(slopes.size()) < heads; ++k) {
+    slopes.push_back(static_cast<float>(std::exp2(-4.0 * static_cast<double>(2 * k + 1) / n)));
+  }
+  return slopes;
+}
+
 AttentionArgs make_args(const ShapeConfig& c, const TensorView& q, const TensorView& k,
-                        const TensorView& v, const TensorView& bias) {
+                        const TensorView& v, const TensorView& bias, const TensorView& slopes) {
   AttentionArgs a;
   a.q = q;
   a.k = k;
@@ -37,12 +51,19 @@ AttentionArgs make_args(const ShapeConfig& c, const TensorView& q, const TensorV
   a.dropout_p = c.dropout;
   a.rng.seed = c.seed;
   a.rng.offset = c.offset;
+  a.window = c.window;
+  a.softcap = c.softcap;
+  if (c.alibi) {
+    if (!slopes.defined()) throw Error(ErrorCode::internal, "--alibi: no slopes were made");
+    a.alibi_slopes = slopes;
+  }
   return a;
 }
 
 AttentionArgs AttentionData::args() const {
   return make_args(config, q.view(), k.view(), v.view(),
-                   config.bias.present ? bias.view() : TensorView{});
+                   config.bias.present ? bias.view() : TensorView{},
+                   config.alibi ? slopes.view() : TensorView{});
 }
 
 BackwardTensors AttentionData::grads() const {
@@ -56,7 +77,8 @@ BackwardTensors AttentionData::grads() const {
 }
 
 double AttentionData::forward_flops() const {
-  return attention_flops(config.B, config.Hq, config.Lq, config.lk(), config.D, config.causal);
+  return attention_flops(config.B, config.Hq, config.Lq, config.lk(), config.D, config.causal,
+                         config.window);
 }
 
 AttentionData make_attention_data(const ShapeConfig& c, Device device) {
@@ -100,6 +122,13 @@ AttentionData make_attention_data(const ShapeConfig& c, Device device) {
     d.bias = DeviceTensor(device, bias_dtype, bias_shape);
     d.bias.upload(d.bias_host);
     d.dbias = DeviceTensor(device, bias_dtype, bias_shape);
+  }
+  if (c.alibi) {
+    const std::vector<float> slopes = alibi_slopes(c.Hq);
+    d.slopes_host = HostArray(DType::f32, Shape{{c.Hq}});
+    for (std::int64_t h = 0; h < c.Hq; ++h) d.slopes_host.set(h, slopes[h]);
+    d.slopes = DeviceTensor(device, DType::f32, Shape{{c.Hq}});
+    d.slopes.upload(d.slopes_host);
   }
   d.out = DeviceTensor(device, d.dtype, o_shape);
   d.lse = DeviceTensor(device, DType::f32, lse_shape);

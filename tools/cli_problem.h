@@ -20,9 +20,15 @@ Device resolve_device(DeviceChoice choice, std::string* note);
 // Shapes of the tensors of a problem.
 std::vector<std::int64_t> bias_dims(const ShapeConfig& c);
 
-// The attention arguments of a shape config over the given views (bias only when it has one).
+// ALiBi's standard slopes for `heads` heads: 2^(-8(h+1)/heads) when heads is a power of two;
+// otherwise those of the largest power of two n below it, then 2^(-4(2k+1)/n) for k = 0, 1, ..
+// (every other slope of 2n heads) until there are `heads`.
+std::vector<float> alibi_slopes(std::int64_t heads);
+
+// The attention arguments of a shape config over the given views (bias only when it has one;
+// `slopes`, fp32 [Hq], only with --alibi, when it must be given).
 AttentionArgs make_args(const ShapeConfig& c, const TensorView& q, const TensorView& k,
-                        const TensorView& v, const TensorView& bias);
+                        const TensorView& v, const TensorView& bias, const TensorView& slopes = {});
 
 struct AttentionData {
   ShapeConfig config;
@@ -30,12 +36,13 @@ struct AttentionData {
   DType dtype = DType::f32;
   // Host inputs in the storage dtype (what the device holds, bit for bit).
   HostArray q_host, k_host, v_host, bias_host, dout_host;
-  DeviceTensor q, k, v, bias, dout;
+  HostArray slopes_host;  // fp32 [Hq], with --alibi
+  DeviceTensor q, k, v, bias, dout, slopes;
   DeviceTensor out, lse, dq, dk, dv, dbias;
 
   AttentionArgs args() const;
   BackwardTensors grads() const;
-  double forward_flops() const;  // memeff::attention_flops of the shape
+  double forward_flops() const;  // memeff::attention_flops of the shape (and window)
 };
 
 // Allocates and fills a problem: q, k, v, dout ~ N(0, 1) and bias ~ N(0, 1) from `config.seed`;

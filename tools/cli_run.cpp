@@ -102,6 +102,11 @@ CheckPlan check_plan(const RunConfig& rc) {
       // One head group is already too much: check a prefix of its rows (out, lse, dq).
       const double per_row = static_cast<double>(group) * static_cast<double>(c.lk()) * width;
       plan.rows = std::clamp<std::int64_t>(static_cast<std::int64_t>(kFullCheckBudget / per_row), 1, c.Lq);
+      // A window or ALiBi aligned bottom-right (causal none or bottom_right) measures from
+      // Lk - Lq, which a row prefix would move: such calls keep whole heads.
+      const bool bottom_right_aligned =
+          c.causal != CausalMode::top_left && (c.window.bounded() || c.alibi);
+      if (bottom_right_aligned) plan.rows = c.Lq;
       if (plan.rows < c.Lq) {
         plan.gradients = false;
         if (c.causal == CausalMode::top_left) plan.keys = std::min(c.lk(), plan.rows);
@@ -164,14 +169,16 @@ std::vector<CheckResult> check_against_reference(const AttentionData& d, const C
   // The reference reads exact fp64 copies of the inputs the backend read and writes fp64.
   const HostArray q = box_as(d.q_host, DType::f64, q_dims), k = box_as(d.k_host, DType::f64, k_dims),
                   v = box_as(d.v_host, DType::f64, v_dims), dout = box_as(d.dout_host, DType::f64, o_dims);
-  HostArray bias;
+  HostArray bias, slopes;
   if (c.bias.present) bias = box_as(d.bias_host, DType::f64, bias_box);
+  if (c.alibi) slopes = box_as(d.slopes_host, DType::f32, {nh});  // heads 0..nh-1
   HostArray out(DType::f64, Shape{o_dims}), lse(DType::f32, Shape{lse_dims}), dq(DType::f64, Shape{q_dims}),
       dk(DType::f64, Shape{k_dims}), dv(DType::f64, Shape{v_dims}), dbias;
   if (c.bias.present) dbias = HostArray(DType::f64, Shape{bias_box});
 
   const AttentionArgs args =
-      make_args(c, q.view(), k.view(), v.view(), c.bias.present ? bias.view() : TensorView{});
+      make_args(c, q.view(), k.view(), v.view(), c.bias.present ? bias.view() : TensorView{},
+                c.alibi ? slopes.view() : TensorView{});
   Options ref_options;
   ref_options.backends = {"reference"};
   forward(args, out.view(), lse.view(), ref_options);
@@ -408,6 +415,7 @@ Options run_options(const RunConfig& rc) {
 int run_packed(const RunConfig& rc) {
   const ShapeConfig& c = rc.shape;
   if (c.bias.present) throw UsageError("--bias: not supported with --seqlens (packed sequences)");
+  if (c.alibi) throw UsageError("--alibi: not with --seqlens (packed sequences) yet");
   const std::vector<std::int64_t>& lq = rc.seqlens;
   const std::vector<std::int64_t> lk = packed_key_lengths(rc.seqlens, rc.kv_seqlens);
   const std::int64_t S = static_cast<std::int64_t>(lq.size());
@@ -474,6 +482,8 @@ int run_packed(const RunConfig& rc) {
           << Tq << "/" << Tk << " Hq=" << Hq << " Hkv=" << Hkv << " D=" << D << " Dv=" << Dv << " "
           << dtype_name(dtype) << " causal=" << causal_mode_name(c.causal)
           << " dropout=" << c.dropout;
+  if (c.window.bounded()) problem << " window=" << c.window.left << "," << c.window.right;
+  if (c.softcap > 0.0) problem << " softcap=" << c.softcap;
   r.problem = problem.str();
   r.tensors = dims_text("q", q.shape.dims) + "  " + dims_text("k", k.shape.dims) + "  " +
               dims_text("v", v.shape.dims) + "  " + dims_text("cu_seqlens", cuq.shape.dims);
@@ -486,7 +496,7 @@ int run_packed(const RunConfig& rc) {
              {"causal", causal_mode_name(c.causal)},
              {"dropout", c.dropout}};
   r.timed = time_passes(rc, device, args, grads, options, r.problem,
-                        attention_flops_packed(lq, lk, Hq, D, c.causal));
+                        attention_flops_packed(lq, lk, Hq, D, c.causal, c.window));
 
   // The reference on the first `checked` sequences (all of them when within the budget).
   std::int64_t checked = 0;
@@ -578,6 +588,9 @@ int run(const RunConfig& rc, const std::vector<std::string>& args) {
   if (rc.context_parallel > 0) {
     if (!rc.seqlens.empty()) {
       throw UsageError("--context-parallel: not with --seqlens (packed sequences)");
+    }
+    if (rc.shape.has_score_modifiers()) {
+      throw UsageError("--context-parallel: not with --window, --alibi or --softcap yet");
     }
     ContextParallelRun cp = rc.cp;
     cp.shape = rc.shape;

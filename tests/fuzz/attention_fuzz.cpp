@@ -1,10 +1,11 @@
 // libFuzzer target over the argument space of forward() and backward(): ranks, sizes (small,
 // zero, negative, huge), strides (zero, negative, overlapping), misaligned and null pointers,
 // dtypes, devices, outputs aliasing inputs, bias shapes and broadcast patterns, dropout p (NaN,
-// 1, negative), scale (NaN, inf), causal modes, packed sequences (offsets good and bad) and
-// global coordinates (q_start, k_start, kv_block). Every input must either raise memeff::Error
-// naming an argument, or run on the reference and cpu backends with results that agree; anything
-// else (a crash, a sanitizer report, another exception, a disagreement) aborts. Problems stay
+// 1, negative), scale (NaN, inf), causal modes, packed sequences (offsets good and bad), global
+// coordinates (q_start, k_start, kv_block), windows, ALiBi slopes and softcaps. Every input must
+// either raise memeff::Error naming an argument, or run on the reference and cpu backends with
+// results that agree; anything else (a crash, a sanitizer report, another exception, a
+// disagreement) aborts. Problems stay
 // tiny (at most kMaxElements per tensor) so each input runs in well under a millisecond.
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -431,6 +432,28 @@ void run_one(FuzzedDataProvider& in) {
     args.q_start = in.PickValueInArray<std::int64_t>({0, 1, 5, 64, 130, -3, std::int64_t{1} << 32});
     args.k_start = in.PickValueInArray<std::int64_t>({0, 1, 63, 64, 200, -1, std::int64_t{1} << 36});
     args.kv_block = in.ConsumeBool();
+  }
+  // Window, ALiBi and softcap (docs/window.md) in one input of three: window sides from invalid
+  // through zero-width to wider than any sequence, caps good and bad, slopes [Hq] or [B, Hq] or
+  // of a wrong size, dtype or device. Slopes point at a small buffer: only small heads get them.
+  std::vector<float> slopes(4096);
+  for (std::size_t h = 0; h < slopes.size(); ++h) slopes[h] = 0.5f / static_cast<float>(1 + h % 7);
+  if (in.ConsumeIntegralInRange(0, 2) == 0) {
+    const std::int64_t sides[] = {-1, -1, 0, 1, 3, 37, 64, std::int64_t{1} << 50, -2};
+    args.window = {in.PickValueInArray(sides), in.PickValueInArray(sides)};
+    args.softcap = in.PickValueInArray<double>({0.0, 0.0, 0.5, 30.0, -1.0, NAN, INFINITY});
+    std::int64_t slope_count = 0;
+    const bool small_heads = B >= 0 && Hq >= 0 && !__builtin_mul_overflow(B, Hq, &slope_count) &&
+                             slope_count + 1 <= static_cast<std::int64_t>(slopes.size());
+    if (in.ConsumeBool() && small_heads) {
+      const bool per_batch = in.ConsumeBool();
+      const std::int64_t wrong = in.ConsumeIntegralInRange(0, 7) == 0 ? 1 : 0;
+      TensorView sv = per_batch ? TensorView::contiguous(slopes.data(), DType::f32, {B, Hq + wrong})
+                                : TensorView::contiguous(slopes.data(), DType::f32, {Hq + wrong});
+      if (in.ConsumeIntegralInRange(0, 7) == 0) sv.dtype = DType::f16;
+      if (in.ConsumeIntegralInRange(0, 7) == 0) sv.device = Device::cuda(0);
+      args.alibi_slopes = sv;
+    }
   }
   AttentionArgs call;
   BackwardTensors grads;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 
 #include "cli_args.h"
 #include "cli_commands.h"
+#include "cli_problem.h"
 #include "memeff/backend.h"
 #include "memeff/dropout.h"
 
@@ -139,6 +141,38 @@ TEST(CliParse, ValuesNameTheFlag) {
   for (const char* bad : {"9:3", "-1", "1:x", ""}) EXPECT_FALSE(IndexRange::from_text(bad)) << bad;
   EXPECT_EQ(lengths_from_text("3,0,17").value(), (std::vector<std::int64_t>{3, 0, 17}));
   EXPECT_FALSE(lengths_from_text("3,-1"));
+}
+
+// --window LEFT,RIGHT, --alibi and --softcap C (docs/window.md): values and the errors that name
+// the flag.
+TEST(CliParse, WindowAlibiAndSoftcapFlags) {
+  ShapeFlags f;
+  ASSERT_EQ(f.parse({"--window", "37,5", "--alibi", "--softcap", "30"}), "");
+  EXPECT_EQ(f.config.window, (Window{37, 5}));
+  EXPECT_TRUE(f.config.alibi);
+  EXPECT_DOUBLE_EQ(f.config.softcap, 30.0);
+  EXPECT_TRUE(contains(f.config.describe(DType::f32), "window=37,5 alibi softcap=30"));
+  EXPECT_EQ(window_from_text("-1,0").value(), (Window{-1, 0}));
+  for (const char* bad : {"3", "a,1", "-2,0", "1,2,3", "1,", ""}) {
+    EXPECT_FALSE(window_from_text(bad)) << bad;
+    EXPECT_TRUE(contains(ShapeFlags().parse({"--window", bad}), "--window: expected LEFT,RIGHT"))
+        << bad;
+  }
+  EXPECT_TRUE(
+      contains(ShapeFlags().parse({"--softcap", "inf"}), "--softcap: expected a finite number"));
+  ShapeFlags negative;
+  ASSERT_EQ(negative.parse({"--softcap", "-2"}), "");
+  EXPECT_TRUE(contains(usage_error([&] { negative.config.check(); }), "--softcap: expected"));
+}
+
+// ALiBi's standard slopes: 2^(-8(h+1)/H) for a power of two, the interleaved extension otherwise.
+TEST(CliParse, AlibiSlopesAreTheStandardOnes) {
+  const std::vector<float> eight = alibi_slopes(8);
+  ASSERT_EQ(eight.size(), 8u);
+  for (int h = 0; h < 8; ++h) EXPECT_EQ(eight[h], std::exp2(-(h + 1.0f))) << h;
+  EXPECT_EQ(alibi_slopes(6),
+            (std::vector<float>{0x1p-2f, 0x1p-4f, 0x1p-6f, 0x1p-8f, 0x1p-1f, 0x1p-3f}));
+  EXPECT_EQ(alibi_slopes(1), (std::vector<float>{0x1p-8f}));
 }
 
 // The program spells every causal mode and dtype as the library does, and nothing else.
@@ -369,6 +403,32 @@ TEST_F(CliRunCheck, ReportsTheCausalModeAndRatesAsTheLibraryCounts) {
       << json_;
   EXPECT_NEAR(doc_.at("tflops").get<double>() * (fwd_ms + bwd_ms) * 1e9,
               training_flop_factor() * flops, 1e-6 * flops)
+      << json_;
+}
+
+// A windowed, ALiBi and softcapped run is checked against the reference on the cpu backend,
+// names the features in its report and counts only the visible pairs' FLOPs.
+TEST_F(CliRunCheck, WindowAlibiAndSoftcapAreCheckedAndCountedByTheirVisiblePairs) {
+  ::testing::internal::CaptureStdout();
+  const int rc =
+      run_program({"run",        "--device", "cpu",    "--backend", "cpu",  "--iters", "1",
+                   "--warmup",   "1",        "--json", "--batch",   "2",    "--heads", "4",
+                   "--kv-heads", "2",        "--lq",   "33",        "--lk", "70",      "--head-dim",
+                   "16",         "--causal", "none",   "--window",  "9,2",  "--alibi", "--softcap",
+                   "5",          "--bias",   "1hqk"});
+  json_ = ::testing::internal::GetCapturedStdout();
+  doc_ = nlohmann::json::parse(json_, nullptr, /*allow_exceptions=*/false);
+  EXPECT_EQ(rc, 0) << json_;
+  ASSERT_FALSE(doc_.is_discarded()) << json_;
+  EXPECT_EQ(doc_.at("pass"), true) << json_;
+  EXPECT_EQ(doc_.at("backend"), "cpu") << json_;
+  EXPECT_EQ(doc_.at("window"), nlohmann::json::array({9, 2})) << json_;
+  EXPECT_EQ(doc_.at("alibi"), true) << json_;
+  EXPECT_EQ(doc_.at("softcap"), 5.0) << json_;
+  const double flops = attention_flops(2, 4, 33, 70, 16, CausalMode::none, Window{9, 2});
+  EXPECT_LT(flops, attention_flops(2, 4, 33, 70, 16, CausalMode::none) / 4);
+  EXPECT_NEAR(doc_.at("fwd_tflops").get<double>() * doc_.at("fwd_ms").get<double>() * 1e9, flops,
+              1e-6 * flops)
       << json_;
 }
 
