@@ -29,12 +29,14 @@ using torch::autograd::variable_list;
 using FwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>,
-    std::vector<std::string>, std::optional<at::Generator>, std::int64_t, std::int64_t, bool);
+    std::vector<std::string>, std::optional<at::Generator>, std::int64_t, std::int64_t, bool,
+    std::int64_t, std::int64_t, const std::optional<at::Tensor>&, double);
 using BwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>, bool,
-    std::vector<std::string>, std::int64_t, std::int64_t, bool);
+    std::vector<std::string>, std::int64_t, std::int64_t, bool, std::int64_t, std::int64_t,
+    const std::optional<at::Tensor>&, double);
 
 const c10::TypedOperatorHandle<FwdSchema>& fwd_op() {
   static const auto op =
@@ -77,19 +79,27 @@ void mark_outputs(AutogradContext* ctx, const at::Tensor& lse, const at::Tensor&
 }
 
 // The non-tensor arguments both ops' backwards take from their forward, kept in saved_data
-// (scale and backends only when set).
+// (scale, backends, the window and the softcap only when set). The ALiBi slopes are a tensor:
+// each op saves them with its tensors.
 struct SavedSettings {
   double dropout_p = 0.0;
   std::string causal;
   std::optional<double> scale;
   std::vector<std::string> backends;
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  double softcap = 0.0;
 
   static void save(AutogradContext* ctx, double dropout_p, c10::string_view causal,
-                   std::optional<double> scale, std::vector<std::string> backends) {
+                   std::optional<double> scale, std::vector<std::string> backends,
+                   std::int64_t window_left, std::int64_t window_right, double softcap) {
     ctx->saved_data["dropout_p"] = dropout_p;
     ctx->saved_data["causal"] = std::string(causal);
     if (scale) ctx->saved_data["scale"] = *scale;
     if (!backends.empty()) ctx->saved_data["backends"] = std::move(backends);
+    if (window_left != -1) ctx->saved_data["window_left"] = window_left;
+    if (window_right != -1) ctx->saved_data["window_right"] = window_right;
+    if (softcap != 0.0) ctx->saved_data["softcap"] = softcap;
   }
 
   static SavedSettings load(const AutogradContext* ctx) {
@@ -103,18 +113,28 @@ struct SavedSettings {
     if (const auto it = data.find("backends"); it != data.end()) {
       settings.backends = it->second.to<std::vector<std::string>>();
     }
+    if (const auto it = data.find("window_left"); it != data.end()) {
+      settings.window_left = it->second.toInt();
+    }
+    if (const auto it = data.find("window_right"); it != data.end()) {
+      settings.window_right = it->second.toInt();
+    }
+    if (const auto it = data.find("softcap"); it != data.end()) {
+      settings.softcap = it->second.toDouble();
+    }
     return settings;
   }
 };
 
 // Forward inputs, in order: q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
-// generator, q_start, k_start, kv_block; outputs: out, lse, the drawn rng_state (lse and the
-// state are not differentiable). With global coordinates the backward uses the same ones: the
-// gradient of this call's own out (a kv_block call's out is its block's partial result, so its
-// gradient is that of the partial result too).
+// generator, q_start, k_start, kv_block, window_left, window_right, alibi_slopes, softcap;
+// outputs: out, lse, the drawn rng_state (lse and the state are not differentiable). With global
+// coordinates the backward uses the same ones: the gradient of this call's own out (a kv_block
+// call's out is its block's partial result, so its gradient is that of the partial result too).
+// The backward takes the forward's window, slopes and softcap; the slopes get no gradient.
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
-  static constexpr std::size_t kInputs = 13;
+  static constexpr std::size_t kInputs = 17;
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& bias,
@@ -122,15 +142,20 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                c10::string_view causal, std::optional<double> scale,
                                std::vector<std::string> backends,
                                std::optional<at::Generator> generator, std::int64_t q_start,
-                               std::int64_t k_start, bool kv_block) {
+                               std::int64_t k_start, bool kv_block, std::int64_t window_left,
+                               std::int64_t window_right,
+                               const std::optional<at::Tensor>& alibi_slopes, double softcap) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse, drawn] =
-        fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale, backends,
-                      std::move(generator), q_start, k_start, kv_block);
+    auto [out, lse, drawn] = fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale,
+                                           backends, std::move(generator), q_start, k_start,
+                                           kv_block, window_left, window_right, alibi_slopes,
+                                           softcap);
     ctx->save_for_backward({q, k, v, bias.value_or(at::Tensor()), out, lse,
-                            state_to_save(rng_state, drawn, dropout_p)});
+                            state_to_save(rng_state, drawn, dropout_p),
+                            alibi_slopes.value_or(at::Tensor())});
     mark_outputs(ctx, lse, drawn);
-    SavedSettings::save(ctx, dropout_p, causal, scale, std::move(backends));
+    SavedSettings::save(ctx, dropout_p, causal, scale, std::move(backends), window_left,
+                        window_right, softcap);
     if (q_start != 0) ctx->saved_data["q_start"] = q_start;
     if (k_start != 0) ctx->saved_data["k_start"] = k_start;
     if (kv_block) ctx->saved_data["kv_block"] = true;
@@ -158,7 +183,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         bwd_op().call(dout, saved[0], saved[1], saved[2], defined_or_none(bias), saved[4], saved[5],
                       defined_or_none(saved[6]), settings.dropout_p, settings.causal,
                       settings.scale, bias_grad, settings.backends, int_or_zero("q_start"),
-                      int_or_zero("k_start"), data.count("kv_block") != 0);
+                      int_or_zero("k_start"), data.count("kv_block") != 0, settings.window_left,
+                      settings.window_right, defined_or_none(saved[7]), settings.softcap);
     return input_gradients(kInputs, {std::move(dq), std::move(dk), std::move(dv),
                                      bias_grad ? std::move(dbias) : at::Tensor()});
   }
@@ -169,7 +195,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     double dropout_p, c10::string_view causal, std::optional<double> scale,
     std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
-    std::int64_t k_start, bool kv_block) {
+    std::int64_t k_start, bool kv_block, std::int64_t window_left, std::int64_t window_right,
+    const std::optional<at::Tensor>& alibi_slopes, double softcap) {
   // Nothing to differentiate (inference, no_grad, or inputs without grad): no graph node, as
   // torch's generated autograd kernels skip theirs.
   const bool bias_grad = bias.has_value() && bias->defined() && bias->requires_grad();
@@ -177,11 +204,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autograd(
       !(q.requires_grad() || k.requires_grad() || v.requires_grad() || bias_grad)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return fwd_op().call(q, k, v, bias, rng_state, dropout_p, causal, scale, std::move(backends),
-                         std::move(generator), q_start, k_start, kv_block);
+                         std::move(generator), q_start, k_start, kv_block, window_left,
+                         window_right, alibi_slopes, softcap);
   }
-  variable_list outputs = AttentionFunction::apply(q, k, v, bias, rng_state, dropout_p, causal,
-                                                   scale, std::move(backends), std::move(generator),
-                                                   q_start, k_start, kv_block);
+  variable_list outputs = AttentionFunction::apply(
+      q, k, v, bias, rng_state, dropout_p, causal, scale, std::move(backends),
+      std::move(generator), q_start, k_start, kv_block, window_left, window_right, alibi_slopes,
+      softcap);
   return {std::move(outputs[0]), std::move(outputs[1]), std::move(outputs[2])};
 }
 
@@ -195,7 +224,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autocast(
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     double dropout_p, c10::string_view causal, std::optional<double> scale,
     std::vector<std::string> backends, std::optional<at::Generator> generator, std::int64_t q_start,
-    std::int64_t k_start, bool kv_block) {
+    std::int64_t k_start, bool kv_block, std::int64_t window_left, std::int64_t window_right,
+    const std::optional<at::Tensor>& alibi_slopes, double softcap) {
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(kDevice);
   std::optional<at::Tensor> cast_bias = bias;
@@ -205,7 +235,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autocast(
   return fwd_op().call(
       at::autocast::cached_cast(dtype, q, kDevice), at::autocast::cached_cast(dtype, k, kDevice),
       at::autocast::cached_cast(dtype, v, kDevice), cast_bias, rng_state, dropout_p, causal, scale,
-      std::move(backends), std::move(generator), q_start, k_start, kv_block);
+      std::move(backends), std::move(generator), q_start, k_start, kv_block, window_left,
+      window_right, alibi_slopes, softcap);  // the slopes stay fp32
 }
 
 // Packed variable-length sequences (memeff::varlen_fwd / varlen_bwd): the same scheme as
@@ -214,12 +245,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_autocast(
 using VarlenFwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     c10::SymInt, c10::SymInt, const std::optional<at::Tensor>&, double, c10::string_view,
-    std::optional<double>, std::vector<std::string>, bool, std::optional<at::Generator>);
+    std::optional<double>, std::vector<std::string>, bool, std::optional<at::Generator>,
+    std::int64_t, std::int64_t, const std::optional<at::Tensor>&, double);
 using VarlenBwdSchema = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, c10::SymInt, c10::SymInt, const at::Tensor&, const at::Tensor&,
     const std::optional<at::Tensor>&, double, c10::string_view, std::optional<double>,
-    std::vector<std::string>);
+    std::vector<std::string>, std::int64_t, std::int64_t, const std::optional<at::Tensor>&, double);
 
 const c10::TypedOperatorHandle<VarlenFwdSchema>& varlen_fwd_op() {
   static const auto op = c10::Dispatcher::singleton()
@@ -236,11 +268,12 @@ const c10::TypedOperatorHandle<VarlenBwdSchema>& varlen_bwd_op() {
 }
 
 // Forward inputs, in order: q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-// rng_state, dropout_p, causal, scale, backends, check_offsets, generator; outputs: out, lse,
-// the drawn rng_state (lse and the state are not differentiable).
+// rng_state, dropout_p, causal, scale, backends, check_offsets, generator, window_left,
+// window_right, alibi_slopes, softcap; outputs: out, lse, the drawn rng_state (lse and the state
+// are not differentiable).
 class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttentionFunction> {
  public:
-  static constexpr std::size_t kInputs = 14;
+  static constexpr std::size_t kInputs = 18;
 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& cu_seqlens_q,
@@ -248,15 +281,20 @@ class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttention
                                c10::SymInt max_seqlen_k, const std::optional<at::Tensor>& rng_state,
                                double dropout_p, c10::string_view causal,
                                std::optional<double> scale, std::vector<std::string> backends,
-                               bool check_offsets, std::optional<at::Generator> generator) {
+                               bool check_offsets, std::optional<at::Generator> generator,
+                               std::int64_t window_left, std::int64_t window_right,
+                               const std::optional<at::Tensor>& alibi_slopes, double softcap) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse, drawn] = varlen_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                  max_seqlen_k, rng_state, dropout_p, causal, scale,
-                                                  backends, check_offsets, std::move(generator));
+    auto [out, lse, drawn] = varlen_fwd_op().call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, dropout_p,
+        causal, scale, backends, check_offsets, std::move(generator), window_left, window_right,
+        alibi_slopes, softcap);
     ctx->save_for_backward({q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse,
-                            state_to_save(rng_state, drawn, dropout_p)});
+                            state_to_save(rng_state, drawn, dropout_p),
+                            alibi_slopes.value_or(at::Tensor())});
     mark_outputs(ctx, lse, drawn);
-    SavedSettings::save(ctx, dropout_p, causal, scale, std::move(backends));
+    SavedSettings::save(ctx, dropout_p, causal, scale, std::move(backends), window_left,
+                        window_right, softcap);
     ctx->saved_data["max_seqlen_q"] = std::move(max_seqlen_q);
     ctx->saved_data["max_seqlen_k"] = std::move(max_seqlen_k);
     return {std::move(out), std::move(lse), std::move(drawn)};
@@ -273,7 +311,8 @@ class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttention
     auto [dq, dk, dv] = varlen_bwd_op().call(
         dout, saved[0], saved[1], saved[2], saved[3], saved[4], data.at("max_seqlen_q").toSymInt(),
         data.at("max_seqlen_k").toSymInt(), saved[5], saved[6], defined_or_none(saved[7]),
-        settings.dropout_p, settings.causal, settings.scale, settings.backends);
+        settings.dropout_p, settings.causal, settings.scale, settings.backends,
+        settings.window_left, settings.window_right, defined_or_none(saved[8]), settings.softcap);
     return input_gradients(kInputs, {std::move(dq), std::move(dk), std::move(dv)});
   }
 };
@@ -283,18 +322,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_autograd(
     const at::Tensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
-    std::optional<at::Generator> generator) {
+    std::optional<at::Generator> generator, std::int64_t window_left, std::int64_t window_right,
+    const std::optional<at::Tensor>& alibi_slopes, double softcap) {
   if (!at::GradMode::is_enabled() ||
       !(q.requires_grad() || k.requires_grad() || v.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return varlen_fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
                                 std::move(max_seqlen_k), rng_state, dropout_p, causal, scale,
-                                std::move(backends), check_offsets, std::move(generator));
+                                std::move(backends), check_offsets, std::move(generator),
+                                window_left, window_right, alibi_slopes, softcap);
   }
-  variable_list outputs =
-      VarlenAttentionFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
-                                     std::move(max_seqlen_k), rng_state, dropout_p, causal, scale,
-                                     std::move(backends), check_offsets, std::move(generator));
+  variable_list outputs = VarlenAttentionFunction::apply(
+      q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q), std::move(max_seqlen_k),
+      rng_state, dropout_p, causal, scale, std::move(backends), check_offsets,
+      std::move(generator), window_left, window_right, alibi_slopes, softcap);
   return {std::move(outputs[0]), std::move(outputs[1]), std::move(outputs[2])};
 }
 
@@ -305,14 +346,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd_autocast(
     const at::Tensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
-    std::optional<at::Generator> generator) {
+    std::optional<at::Generator> generator, std::int64_t window_left, std::int64_t window_right,
+    const std::optional<at::Tensor>& alibi_slopes, double softcap) {
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(kDevice);
   return varlen_fwd_op().call(
       at::autocast::cached_cast(dtype, q, kDevice), at::autocast::cached_cast(dtype, k, kDevice),
       at::autocast::cached_cast(dtype, v, kDevice), cu_seqlens_q, cu_seqlens_k,
       std::move(max_seqlen_q), std::move(max_seqlen_k), rng_state, dropout_p, causal, scale,
-      std::move(backends), check_offsets, std::move(generator));
+      std::move(backends), check_offsets, std::move(generator), window_left, window_right,
+      alibi_slopes, softcap);
 }
 
 }  // namespace

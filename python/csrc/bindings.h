@@ -59,6 +59,16 @@ struct BlockCoordinates {
   bool kv_block = false;
 };
 
+// The score modifiers of docs/window.md (memeff::AttentionArgs::window, alibi_slopes, softcap):
+// the ops' keyword-only window_left, window_right, alibi_slopes and softcap. The defaults change
+// nothing; memeff validates them and names the argument.
+struct ScoreModifiers {
+  std::int64_t window_left = -1;   // -1: unbounded
+  std::int64_t window_right = -1;  // -1: unbounded
+  std::optional<at::Tensor> alibi_slopes;  // fp32 [Hq] or [B, Hq] ([S, Hq] packed)
+  double softcap = 0.0;                    // 0: off
+};
+
 // The forward op on `stream` (null on the CPU): reads the caller's `rng_state` when given, else
 // `drawn` (a state the device's kernel drew when needs_draw(), else no_state()), and returns
 // (out [B, Hq, Lq, Dv] in q's layout, lse [B, Hq, Lq] fp32, drawn).
@@ -66,7 +76,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, const BlockCoordinates& coords, void* stream);
+    std::vector<std::string> backends, const BlockCoordinates& coords,
+    const ScoreModifiers& modifiers, void* stream);
 
 // Backward on `stream`: returns (dq, dk, dv, dbias), dq/dk/dv in the layouts of q/k/v; dbias
 // is an empty [0] tensor unless `bias_grad` (then it has the bias's own shape, reduced over its
@@ -77,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
-    const BlockCoordinates& coords, void* stream);
+    const BlockCoordinates& coords, const ScoreModifiers& modifiers, void* stream);
 
 // The packed (variable-length) forward on `stream`: q [total_q, Hq, D], k [total_k, Hkv, D],
 // v [total_k, Hkv, Dv], int32 offsets [S + 1] on the device of q; returns (out [total_q, Hq, Dv]
@@ -87,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_forward_on(
     const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
     const std::optional<at::Tensor>& rng_state, at::Tensor drawn, double dropout_p,
     c10::string_view causal, std::optional<double> scale, std::vector<std::string> backends,
-    bool check_offsets, void* stream);
+    bool check_offsets, const ScoreModifiers& modifiers, void* stream);
 
 // Its backward on `stream`: (dq, dk, dv) in the layouts of q, k, v; the offsets are not read on
 // the host (the forward checked them when asked to).
@@ -96,6 +107,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
     std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, std::vector<std::string> backends, void* stream);
+    std::optional<double> scale, std::vector<std::string> backends,
+    const ScoreModifiers& modifiers, void* stream);
 
 }  // namespace memeff_torch

@@ -31,11 +31,12 @@ struct DeviceKernels {
       const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
       double dropout_p, c10::string_view causal, std::optional<double> scale,
       std::vector<std::string> backends, std::optional<at::Generator> generator,
-      std::int64_t q_start, std::int64_t k_start, bool kv_block) {
+      std::int64_t q_start, std::int64_t k_start, bool kv_block, std::int64_t window_left,
+      std::int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double softcap) {
     const typename Device::Guard guard(q.device());
     return forward_on(q, k, v, bias, rng_state, draw_if_needed(q, rng_state, dropout_p, generator),
                       dropout_p, causal, scale, std::move(backends), {q_start, k_start, kv_block},
-                      Device::stream(q));
+                      {window_left, window_right, alibi_slopes, softcap}, Device::stream(q));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
@@ -43,11 +44,12 @@ struct DeviceKernels {
       const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
       const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
       std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
-      std::int64_t q_start, std::int64_t k_start, bool kv_block) {
+      std::int64_t q_start, std::int64_t k_start, bool kv_block, std::int64_t window_left,
+      std::int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double softcap) {
     const typename Device::Guard guard(q.device());
     return backward_on(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale,
                        bias_grad, std::move(backends), {q_start, k_start, kv_block},
-                       Device::stream(q));
+                       {window_left, window_right, alibi_slopes, softcap}, Device::stream(q));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_fwd(
@@ -55,12 +57,14 @@ struct DeviceKernels {
       const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
       const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
       std::optional<double> scale, std::vector<std::string> backends, bool check_offsets,
-      std::optional<at::Generator> generator) {
+      std::optional<at::Generator> generator, std::int64_t window_left, std::int64_t window_right,
+      const std::optional<at::Tensor>& alibi_slopes, double softcap) {
     Device::check_packed_devices(q, k, v, cu_seqlens_q, cu_seqlens_k, rng_state);
     const typename Device::Guard guard(q.device());
     return varlen_forward_on(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              rng_state, draw_if_needed(q, rng_state, dropout_p, generator),
                              dropout_p, causal, scale, std::move(backends), check_offsets,
+                             {window_left, window_right, alibi_slopes, softcap},
                              Device::stream(q));
   }
 
@@ -69,10 +73,12 @@ struct DeviceKernels {
       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
       std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
       const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-      std::optional<double> scale, std::vector<std::string> backends) {
+      std::optional<double> scale, std::vector<std::string> backends, std::int64_t window_left,
+      std::int64_t window_right, const std::optional<at::Tensor>& alibi_slopes, double softcap) {
     const typename Device::Guard guard(q.device());
     return varlen_backward_on(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               out, lse, rng_state, dropout_p, causal, scale, std::move(backends),
+                              {window_left, window_right, alibi_slopes, softcap},
                               Device::stream(q));
   }
 

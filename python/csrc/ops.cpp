@@ -74,10 +74,12 @@ void check_rank(const at::Tensor& t, const char* name, std::int64_t rank, const 
 }
 
 // The tensors of a call with their last dimension made contiguous (kept alive for its duration)
-// and the memeff arguments viewing them. A dense call may have a bias; a packed one has offsets.
+// and the memeff arguments viewing them. A dense call may have a bias; a packed one has offsets;
+// either may have ALiBi slopes.
 struct Inputs {
   at::Tensor q, k, v;
   std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> alibi_slopes;
   at::Tensor cu_seqlens_q, cu_seqlens_k;
   memeff::AttentionArgs args;
 
@@ -98,12 +100,22 @@ struct Inputs {
     args.dropout_p = dropout_p;
     args.rng = rng_of(rng_state, dropout_p, q_in);
   }
+
+  // Window, ALiBi and softcap (docs/window.md); memeff validates them, naming each.
+  void set_modifiers(const ScoreModifiers& modifiers) {
+    args.window = {modifiers.window_left, modifiers.window_right};
+    args.softcap = modifiers.softcap;
+    if (modifiers.alibi_slopes && modifiers.alibi_slopes->defined()) {
+      alibi_slopes = last_dim_contiguous(*modifiers.alibi_slopes);
+      args.alibi_slopes = view_of(*alibi_slopes, "alibi_slopes");
+    }
+  }
 };
 
 Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const std::optional<at::Tensor>& bias, const at::Tensor& rng_state,
                  double dropout_p, c10::string_view causal, std::optional<double> scale,
-                 const BlockCoordinates& coords) {
+                 const BlockCoordinates& coords, const ScoreModifiers& modifiers) {
   check_rank(q, "q", 4, "[B, Hq, Lq, D]");
   check_rank(k, "k", 4, "[B, Hkv, Lk, D]");
   check_rank(v, "v", 4, "[B, Hkv, Lk, Dv]");
@@ -121,6 +133,7 @@ Inputs inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   in.args.q_start = coords.q_start;
   in.args.k_start = coords.k_start;
   in.args.kv_block = coords.kv_block;
+  in.set_modifiers(modifiers);
   return in;
 }
 
@@ -172,7 +185,8 @@ Inputs packed_inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                         std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
                         const at::Tensor& rng_state, double dropout_p, c10::string_view causal,
-                        std::optional<double> scale, bool check_offsets) {
+                        std::optional<double> scale, bool check_offsets,
+                        const ScoreModifiers& modifiers) {
   check_rank(q, "q", 3, "packed [total_q, Hq, D]");
   check_rank(k, "k", 3, "packed [total_k, Hkv, D]");
   check_rank(v, "v", 3, "packed [total_k, Hkv, Dv]");
@@ -188,6 +202,7 @@ Inputs packed_inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tens
   packed.check_offsets = check_offsets;
   in.args.packed = packed;
   in.set_settings(scale, causal, dropout_p, rng_state, q);
+  in.set_modifiers(modifiers);
   return in;
 }
 
@@ -371,9 +386,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_on(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& rng_state,
     at::Tensor drawn, double dropout_p, c10::string_view causal, std::optional<double> scale,
-    std::vector<std::string> backends, const BlockCoordinates& coords, void* stream) {
-  const Inputs in =
-      inputs_of(q, k, v, bias, state_of(rng_state, drawn), dropout_p, causal, scale, coords);
+    std::vector<std::string> backends, const BlockCoordinates& coords,
+    const ScoreModifiers& modifiers, void* stream) {
+  const Inputs in = inputs_of(q, k, v, bias, state_of(rng_state, drawn), dropout_p, causal, scale,
+                              coords, modifiers);
   at::Tensor out = empty_in_layout_of(q, v.size(3));
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   return run_forward(in.args, is_empty_problem(q, k), std::move(out), std::move(lse),
@@ -385,10 +401,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_on(
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
     std::optional<double> scale, bool bias_grad, std::vector<std::string> backends,
-    const BlockCoordinates& coords, void* stream) {
+    const BlockCoordinates& coords, const ScoreModifiers& modifiers, void* stream) {
   const at::Tensor none;
-  const Inputs in =
-      inputs_of(q, k, v, bias, state_of(rng_state, none), dropout_p, causal, scale, coords);
+  const Inputs in = inputs_of(q, k, v, bias, state_of(rng_state, none), dropout_p, causal, scale,
+                              coords, modifiers);
   TORCH_CHECK_VALUE(!bias_grad || in.bias.has_value(),
                     "argument `bias_grad`: true, but the call has no bias");
   at::Tensor dq = empty_in_layout_of(q, q.size(3));
@@ -406,10 +422,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_forward_on(
     const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
     const std::optional<at::Tensor>& rng_state, at::Tensor drawn, double dropout_p,
     c10::string_view causal, std::optional<double> scale, std::vector<std::string> backends,
-    bool check_offsets, void* stream) {
-  const Inputs in =
-      packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       state_of(rng_state, drawn), dropout_p, causal, scale, check_offsets);
+    bool check_offsets, const ScoreModifiers& modifiers, void* stream) {
+  const Inputs in = packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, state_of(rng_state, drawn), dropout_p, causal,
+                                     scale, check_offsets, modifiers);
   at::Tensor out = empty_in_layout_of(q, v.size(2));
   at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
   return run_forward(in.args, is_empty_packed_problem(q), std::move(out), std::move(lse),
@@ -421,12 +437,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_backward_on(
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, std::int64_t max_seqlen_q,
     std::int64_t max_seqlen_k, const at::Tensor& out, const at::Tensor& lse,
     const std::optional<at::Tensor>& rng_state, double dropout_p, c10::string_view causal,
-    std::optional<double> scale, std::vector<std::string> backends, void* stream) {
+    std::optional<double> scale, std::vector<std::string> backends,
+    const ScoreModifiers& modifiers, void* stream) {
   // The forward checked the offsets when asked to; the backward never synchronizes for them.
   const at::Tensor none;
   const Inputs in = packed_inputs_of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, state_of(rng_state, none), dropout_p, causal,
-                                     scale, /*check_offsets=*/false);
+                                     scale, /*check_offsets=*/false, modifiers);
   at::Tensor dq = empty_in_layout_of(q, q.size(2));
   at::Tensor dk = empty_in_layout_of(k, k.size(2));
   at::Tensor dv = empty_in_layout_of(v, v.size(2));
@@ -539,10 +556,18 @@ TORCH_LIBRARY(memeff, m) {
   // masking; kv_block marks the keys as one block of the whole attention's (the forward is
   // unchanged; see bwd). The defaults are an ordinary call. Backends that do not implement them
   // (the CUDA kernels, for now) refuse calls that set them.
+  //
+  // The keyword-only window_left, window_right, alibi_slopes and softcap change the scores
+  // (memeff::AttentionArgs::window, alibi_slopes, softcap; docs/window.md): a sliding window
+  // around each query's diagonal (-1: unbounded side), ALiBi slopes (fp32 [Hq] or [B, Hq]; no
+  // gradient) and a tanh softcap (0: off). The defaults change nothing; the CUDA kernels refuse
+  // them for now, with their reasons. Every op of the family takes them, the backwards the
+  // forward's.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? rng_state, float dropout_p, "
       "str causal, float? scale, str[] backends, Generator? generator=None, *, int q_start=0, "
-      "int k_start=0, bool kv_block=False) -> (Tensor out, Tensor lse, Tensor rng_state)",
+      "int k_start=0, bool kv_block=False, int window_left=-1, int window_right=-1, "
+      "Tensor? alibi_slopes=None, float softcap=0.) -> (Tensor out, Tensor lse, Tensor rng_state)",
       {at::Tag::nondeterministic_seeded});
   // Attention backward: dq, dk, dv in the layouts of q, k, v and dbias (an empty [0] tensor
   // unless bias_grad); rng_state is the forward's (on the CPU or the device). q_start, k_start
@@ -552,25 +577,29 @@ TORCH_LIBRARY(memeff, m) {
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor out, Tensor lse, "
       "Tensor? rng_state, float dropout_p, str causal, float? scale, bool bias_grad, "
-      "str[] backends, *, int q_start=0, int k_start=0, bool kv_block=False) -> "
+      "str[] backends, *, int q_start=0, int k_start=0, bool kv_block=False, "
+      "int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, float softcap=0.) -> "
       "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
   // Packed variable-length sequences (memeff::PackedSequences): q [total_q, Hq, D],
   // k [total_k, Hkv, D], v [total_k, Hkv, Dv], int32 offsets [S + 1] on the device of q.
   // out [total_q, Hq, Dv] in q's memory layout, lse [Hq, total_q] fp32, and the drawn state as
   // for fwd. The maximum lengths are SymInts: they shape no output, so torch.compile keeps them
   // symbolic. check_offsets: read the offsets' values and check them (on CUDA a copy to the host
-  // and a synchronization, skipped while the stream captures a graph; on the CPU always).
+  // and a synchronization, skipped while the stream captures a graph; on the CPU always). The
+  // score modifiers as for fwd, alibi_slopes [Hq] or [S, Hq] (per sequence).
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? rng_state, float dropout_p, str causal, "
-      "float? scale, str[] backends, bool check_offsets, Generator? generator=None) -> "
+      "float? scale, str[] backends, bool check_offsets, Generator? generator=None, *, "
+      "int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, float softcap=0.) -> "
       "(Tensor out, Tensor lse, Tensor rng_state)",
       {at::Tag::nondeterministic_seeded});
   // Its backward: dq, dk, dv in the layouts of q, k, v. It never reads the offsets on the host.
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor out, Tensor lse, "
-      "Tensor? rng_state, float dropout_p, str causal, float? scale, str[] backends) -> "
+      "Tensor? rng_state, float dropout_p, str causal, float? scale, str[] backends, *, "
+      "int window_left=-1, int window_right=-1, Tensor? alibi_slopes=None, float softcap=0.) -> "
       "(Tensor dq, Tensor dk, Tensor dv)");
   m.def("dropout_mask(Tensor rng_state, int[] shape, float dropout_p) -> Tensor");
   // A fresh (seed, offset) as fwd draws it with dropout and no rng_state, from `generator` (the

@@ -16,14 +16,31 @@ ERROR_FLOOR = {
 }
 
 
-def causal_keep(lq, lk, mode, device):
-    """Boolean [Lq, Lk]: True where query i may see key j under `mode` (None when "none")."""
-    if mode == "none":
-        return None
+def diagonal_offsets(lq, lk, mode, device):
+    """[Lq, Lk] integers i + shift - j: how far key j lies before query i's diagonal, the
+    diagonal aligned as `mode` aligns it (shift 0 for top_left, Lk - Lq for bottom_right and,
+    for windows and ALiBi, for "none"; docs/window.md)."""
     shift = 0 if mode == "top_left" else lk - lq
     i = torch.arange(lq, device=device).unsqueeze(1)
     j = torch.arange(lk, device=device).unsqueeze(0)
-    return j <= i + shift
+    return i + shift - j
+
+
+def causal_keep(lq, lk, mode, device, window=(-1, -1)):
+    """Boolean [Lq, Lk]: True where query i may see key j under `mode` and the sliding window
+    (left, right) (-1: unbounded side), None when nothing is masked."""
+    left, right = window
+    if mode == "none" and left < 0 and right < 0:
+        return None
+    d = diagonal_offsets(lq, lk, mode, device)
+    keep = torch.ones_like(d, dtype=torch.bool)
+    if mode != "none":
+        keep &= d >= 0
+    if left >= 0:
+        keep &= d <= left
+    if right >= 0:
+        keep &= d >= -right
+    return keep
 
 
 def additive(mask_bool, dtype):
@@ -33,19 +50,27 @@ def additive(mask_bool, dtype):
 
 
 def reference_attention(q, k, v, bias=None, causal="none", scale=None, keep=None,
-                        keep_scale=1.0):
-    """softmax(q kᵀ·scale + bias + causal) ∘ keep·keep_scale · v, computed in the inputs' dtype
-    (pass fp64 tensors for the reference); rows that see no key give 0. GQA: head h uses
-    key/value head h // (Hq/Hkv)."""
+                        keep_scale=1.0, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """softmax(cap(q kᵀ·scale) + bias - slope·|i + shift - j| + causal and window masks)
+    ∘ keep·keep_scale · v, computed in the inputs' dtype (pass fp64 tensors for the reference),
+    cap(s) = softcap·tanh(s / softcap) when softcap > 0 (docs/window.md); rows that see no key
+    give 0. GQA: head h uses key/value head h // (Hq/Hkv). alibi_slopes: [Hq] or [B, Hq]."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     if bias is not None:
         s = s + bias.to(s.dtype)
-    allowed = causal_keep(q.shape[2], k.shape[2], causal, q.device)
+    if alibi_slopes is not None:
+        distance = diagonal_offsets(q.shape[2], k.shape[2], causal, q.device).abs()
+        slopes = alibi_slopes.detach().to(s.dtype)
+        slopes = slopes.view(1, -1, 1, 1) if slopes.dim() == 1 else slopes[:, :, None, None]
+        s = s - slopes * distance.to(s.dtype)
+    allowed = causal_keep(q.shape[2], k.shape[2], causal, q.device, window)
     if allowed is not None:
         s = s.masked_fill(allowed.logical_not(), float("-inf"))
     # A row with no allowed key (bottom-right causal with Lq > Lk, an all -inf mask row) has
@@ -142,6 +167,16 @@ def seeded_generator(case):
     """A CPU generator seeded from a test case's repr: each case its own inputs, the same in
     every run."""
     return torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+
+
+def random_bias(kind, gen, device, dtype, B, Hq, Lq, Lk):
+    """A test case's bias: None, "grad_rows" (a [1, Hq, 1, Lk] bias requiring grad, broadcast
+    over the batch and the queries) or "full" ([B, Hq, Lq, Lk], no gradient)."""
+    if kind == "grad_rows":
+        return torch.randn(1, Hq, 1, Lk, generator=gen).to(device, dtype).requires_grad_()
+    if kind == "full":
+        return torch.randn(B, Hq, Lq, Lk, generator=gen).to(device, dtype)
+    return None
 
 
 def randn_leaves(gen, device, dtype, *shapes):

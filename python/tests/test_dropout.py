@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import memeff.torch as mt  # noqa: E402
 
-from attention_helpers import (assert_output_and_grads_close, randn_leaves,  # noqa: E402
-                               reference_attention, seeded_generator)
+from attention_helpers import (assert_output_and_grads_close, random_bias,  # noqa: E402
+                               randn_leaves, reference_attention, seeded_generator)
 
 # (B, Hq, Hkv, Lq, Lk, D, causal, bias kind, p)
 CASES = [
@@ -27,11 +27,7 @@ def test_matches_reference_with_its_mask(device, dtype, case):
     B, Hq, Hkv, Lq, Lk, D, causal, bias_kind, p = case
     gen = seeded_generator(case)
     q, k, v = randn_leaves(gen, device, dtype, (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D))
-    bias = None
-    if bias_kind == "grad_rows":
-        bias = torch.randn(1, Hq, 1, Lk, generator=gen).to(device, dtype).requires_grad_()
-    elif bias_kind == "full":
-        bias = torch.randn(B, Hq, Lq, Lk, generator=gen).to(device, dtype)
+    bias = random_bias(bias_kind, gen, device, dtype, B, Hq, Lq, Lk)
     dout = torch.randn(B, Hq, Lq, D, generator=gen).to(device, dtype)
 
     out, rng_state = mt.scaled_dot_product_attention(

@@ -101,10 +101,11 @@ def _empty_in_layout_of(like: torch.Tensor, last) -> torch.Tensor:
 
 
 # q_start, k_start and kv_block (a call placed in a larger attention, for context parallelism)
-# change no shape.
+# and the score modifiers (window_left, window_right, alibi_slopes, softcap) change no shape.
 @torch.library.register_fake("memeff::fwd")
 def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, generator=None, *,
-              q_start=0, k_start=0, kv_block=False):
+              q_start=0, k_start=0, kv_block=False, window_left=-1, window_right=-1,
+              alibi_slopes=None, softcap=0.0):
     out = _empty_in_layout_of(q, v.shape[3])
     lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
     drawn = 2 if dropout_p > 0 and rng_state is None else 0
@@ -113,7 +114,8 @@ def _fwd_fake(q, k, v, bias, rng_state, dropout_p, causal, scale, backends, gene
 
 @torch.library.register_fake("memeff::bwd")
 def _bwd_fake(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale, bias_grad,
-              backends, *, q_start=0, k_start=0, kv_block=False):
+              backends, *, q_start=0, k_start=0, kv_block=False, window_left=-1, window_right=-1,
+              alibi_slopes=None, softcap=0.0):
     dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty((0,))
     return (_empty_in_layout_of(q, q.shape[3]), _empty_in_layout_of(k, k.shape[3]),
             _empty_in_layout_of(v, v.shape[3]), dbias)
@@ -121,7 +123,8 @@ def _bwd_fake(dout, q, k, v, bias, out, lse, rng_state, dropout_p, causal, scale
 
 @torch.library.register_fake("memeff::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state,
-                     dropout_p, causal, scale, backends, check_offsets, generator=None):
+                     dropout_p, causal, scale, backends, check_offsets, generator=None, *,
+                     window_left=-1, window_right=-1, alibi_slopes=None, softcap=0.0):
     out = _empty_in_layout_of(q, v.shape[2])
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     drawn = 2 if dropout_p > 0 and rng_state is None else 0
@@ -130,7 +133,8 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 @torch.library.register_fake("memeff::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
-                     lse, rng_state, dropout_p, causal, scale, backends):
+                     lse, rng_state, dropout_p, causal, scale, backends, *, window_left=-1,
+                     window_right=-1, alibi_slopes=None, softcap=0.0):
     return (_empty_in_layout_of(q, q.shape[2]), _empty_in_layout_of(k, k.shape[2]),
             _empty_in_layout_of(v, v.shape[2]))
 
@@ -241,6 +245,47 @@ def _rows_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
     return attn_mask.narrow(-1, 0, 1)
 
 
+def _score_modifiers(window_size, alibi_slopes, softcap, q: torch.Tensor) -> dict:
+    """The ops' keyword arguments for window_size, alibi_slopes and softcap (docs/window.md),
+    checked where the ops cannot name them as the user wrote them: window_size a pair of ints,
+    each -1 (unbounded) or >= 0; alibi_slopes an fp32 tensor on q's device (its shape, [Hq] or
+    [B, Hq], memeff checks and names); softcap a finite number >= 0."""
+    kwargs = {}
+    if window_size is not None:
+        if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+                or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+            raise ValueError(f"memeff: argument `window_size`: expected a pair of ints (left, "
+                             f"right), each -1 (unbounded) or >= 0, got {window_size!r}")
+        left, right = window_size
+        if left < -1 or right < -1:
+            raise ValueError(f"memeff: argument `window_size`: expected each side -1 (unbounded) "
+                             f"or >= 0, got {tuple(window_size)}")
+        if (left, right) != (-1, -1):
+            kwargs.update(window_left=left, window_right=right)
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"memeff: argument `alibi_slopes`: expected an fp32 tensor [Hq] or "
+                            f"[B, Hq], got {type(alibi_slopes).__name__}")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"memeff: argument `alibi_slopes`: expected float32 slopes, got "
+                            f"{alibi_slopes.dtype}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"memeff: argument `alibi_slopes`: expected it on {q.device} (the "
+                             f"device of the query), got {alibi_slopes.device}")
+        kwargs["alibi_slopes"] = alibi_slopes
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"memeff: argument `softcap`: expected a number (0: off), got "
+                        f"{type(softcap).__name__}")
+    # Comparisons (NaN fails them), not math.isfinite, which torch.compile cannot trace for a
+    # symbolic float.
+    if not 0 <= softcap < math.inf:
+        raise ValueError(f"memeff: argument `softcap`: expected a finite number >= 0 (0: off), "
+                         f"got {softcap!r}")
+    if softcap > 0:
+        kwargs["softcap"] = float(softcap)
+    return kwargs
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -255,6 +300,9 @@ def scaled_dot_product_attention(
     generator: Optional[torch.Generator] = None,
     rng_state: Optional[torch.Tensor] = None,
     return_rng_state: bool = False,
+    window_size: Optional[Tuple[int, int]] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ):
     """Drop-in for torch.nn.functional.scaled_dot_product_attention, computed by memeff.
 
@@ -272,6 +320,16 @@ def scaled_dot_product_attention(
         int64[2] tensor of seed and offset, on the CPU or on the device of query).
       return_rng_state: return (out, rng_state), rng_state on the device of query (None when
         dropout_p is 0).
+      window_size: (left, right), a sliding window around each query's diagonal: query i sees
+        key j iff i + shift - left <= j <= i + shift + right, shift aligning the diagonal as the
+        causal mode does (0 for top_left, Lk - Lq for bottom_right and for no causal mask); -1
+        leaves a side unbounded, a causal mode caps right at 0. Default: no window.
+      alibi_slopes: fp32 [Hq] or [B, Hq] on query's device: the score gains
+        -slope·|i + shift - j| (ALiBi). No gradient.
+      softcap: > 0 maps each scaled score s = scale·q·k to softcap·tanh(s / softcap) before the
+        mask, ALiBi and masking (Gemma-2); 0 (default) is off.
+      These three are docs/window.md; the CUDA kernels refuse them for now (the error lists each
+      backend's reason), the CPU runs them, forward and backward.
 
     out has query's memory layout (see the module's docstring).
 
@@ -288,12 +346,14 @@ def scaled_dot_product_attention(
     if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ArgumentError(f"memeff: query has {q.shape[1]} heads and key/value {k.shape[1]}; "
                            f"pass enable_gqa=True for grouped-query attention (as in torch)")
+    modifiers = _score_modifiers(window_size, alibi_slopes, softcap, q)
     rows = _rows_of_mask(attn_mask, q, rank, k.shape[2])
     bias = None if rows is not None else _bias_of_mask(attn_mask, q, rank, k.shape[2])
     p = float(dropout_p)
     # One op: it draws the dropout state itself when p > 0 and none is given.
     out, _, drawn = _ops.fwd(q, k, v, bias, rng_state, p, mode,
-                             None if scale is None else float(scale), _backend_order, generator)
+                             None if scale is None else float(scale), _backend_order, generator,
+                             **modifiers)
     state = (rng_state if rng_state is not None else drawn) if p > 0.0 else None
     if not torch.compiler.is_compiling():
         _thread_state.last_rng_state = None if state is None else (state, q.device)
@@ -337,6 +397,9 @@ def varlen_attention(
     return_lse: bool = False,
     return_rng_state: bool = False,
     check_offsets: bool = False,
+    window_size: Optional[Tuple[int, int]] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ):
     """Attention over packed variable-length sequences (no padding), computed by memeff.
 
@@ -368,6 +431,9 @@ def varlen_attention(
       by default: unchecked offsets never make a kernel read or write outside the tensors (the
       kernels clamp them) but give meaningless results. Turn it on while debugging a data
       pipeline. The backward never reads them on the host.
+    window_size, alibi_slopes, softcap: as for scaled_dot_product_attention, per sequence (the
+      diagonal of a sequence without causal masking or with bottom_right is its last query on
+      its last key); alibi_slopes [Hq] or [S, Hq] (a row per sequence).
 
     A bias is not supported with packed sequences; pad the batch for that.
     """
@@ -376,11 +442,13 @@ def varlen_attention(
             raise ValueError(f"memeff: argument `{name}`: expected a packed [total, H, D] tensor "
                              f"(varlen_attention), got {t.dim()} dimensions")
     mode = _causal_mode(False, causal, None)
+    modifiers = _score_modifiers(window_size, alibi_slopes, softcap, q)
     p = float(dropout_p)
     out, lse, drawn = _ops.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, _max_length(max_seqlen_q, "max_seqlen_q"),
         _max_length(max_seqlen_k, "max_seqlen_k"), rng_state, p, mode,
-        None if scale is None else float(scale), _backend_order, bool(check_offsets), generator)
+        None if scale is None else float(scale), _backend_order, bool(check_offsets), generator,
+        **modifiers)
     state = (rng_state if rng_state is not None else drawn) if p > 0.0 else None
     if not torch.compiler.is_compiling():
         _thread_state.last_rng_state = None if state is None else (state, q.device)
