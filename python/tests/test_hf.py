@@ -4,7 +4,9 @@
 # "sdpa" implementation; attention dropout following the module's training mode; padding masks
 # passed without a [B, H, Lq, Lk] bias; no copies around the attention in a training step;
 # padding-free (packed) batches from DataCollatorWithFlattening through varlen_attention, against
-# the same sequences one by one and, with dropout, against the padded batch.
+# the same sequences one by one and, with dropout, against the padded batch; sliding windows
+# (Mistral, without a mask from the second forward on) and softcapping (Gemma-2) against
+# transformers' eager attention.
 # Skipped where transformers is not importable.
 import copy
 from itertools import accumulate
@@ -15,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import memeff.torch as mt  # noqa: E402
 import memeff.torch.hf as mhf  # noqa: E402
+from attention_helpers import skip_if_the_kernels_refuse  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 mhf.register()
@@ -198,8 +201,79 @@ def test_a_training_step_copies_no_more_than_torch_flash(device):
 
 def test_unsupported_arguments_are_refused_by_name():
     q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        mhf.attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        mhf.attention_forward(torch.nn.Module(), q, q, q, None, s_aux=torch.zeros(2))
+
+
+# Sliding windows and softcapping against transformers' eager attention (which computes both
+# from the mask and the scores). transformers' sliding_window W lets a query see its last W keys,
+# its own included: memeff's window (W - 1, 0).
+
+def eager_pair(model_class, config, device):
+    """The same random model with transformers' eager attention and with memeff's."""
+    models = []
+    for implementation in ("eager", mhf.NAME):
+        torch.manual_seed(0)
+        models.append(model_class._from_config(copy.deepcopy(config),
+                                               attn_implementation=implementation).to(device))
+    return models
+
+
+def windowed_calls(recorder):
+    return [kwargs for _, _, kwargs in recorder.calls if "window_size" in kwargs]
+
+
+def test_a_sliding_window_runs_without_a_mask_and_matches_eager(device, monkeypatch):
+    reference, model = eager_pair(transformers.MistralForCausalLM, mistral_config(), device)
+    ids, mask = inputs(device, length=12)
+    recorder = Recorder(monkeypatch)
+    # The first forward learns that Mistral's attention receives sliding_window (and runs
+    # transformers' mask); from the second on, no mask is built: causal with window (4, 0).
+    for step in range(2):
+        recorder.calls.clear()
+        skip_if_the_kernels_refuse(device, lambda: compare(reference, model, ids, mask, "logits"))
+    windowed = windowed_calls(recorder)
+    assert len(windowed) == 2 and all(kw["window_size"] == (4, 0) and kw["attn_mask"] is None
+                                      and kw["causal"] == "top_left" for kw in windowed)
+
+
+def gemma2_config(softcap):
+    return transformers.Gemma2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        sliding_window=5, query_pre_attn_scalar=4, attn_logit_softcapping=softcap,
+        final_logit_softcapping=None, initializer_range=INIT)
+
+
+def test_softcap_and_windows_of_a_gemma2_model_match_eager(device, monkeypatch):
+    # Gemma-2: softcapped scores, sliding-window and full layers taking turns.
+    reference, model = eager_pair(transformers.Gemma2ForCausalLM, gemma2_config(1.0), device)
+    ids, mask = inputs(device, length=12)
+    recorder = Recorder(monkeypatch)
+    for step in range(2):
+        recorder.calls.clear()
+        skip_if_the_kernels_refuse(device, lambda: compare(reference, model, ids, mask, "logits"))
+    assert all(kw["softcap"] == 1.0 for _, _, kw in recorder.calls)
+    assert [kw["window_size"] for kw in windowed_calls(recorder)] == [(4, 0)]
+
+
+def test_masks_of_models_not_passing_their_window_are_kept():
+    # A model that builds a sliding-window mask but does not pass sliding_window to its
+    # attention (transformers has some) keeps transformers' mask: nothing records its config.
+    from transformers import masking_utils as mu
+    config = mistral_config()
+    request = dict(batch_size=1, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+                   attention_mask=None, local_size=3, allow_is_causal_skip=True, device="cpu",
+                   mask_function=mu.sliding_window_causal_mask_function(3), config=config)
+    assert not mhf._window_without_mask(request)
+    mhf._causal_window(type("Attention", (), {"config": config})(), None, None, True,
+                       {"sliding_window": 3})
+    assert mhf._window_without_mask(request)
+    for other in (dict(local_size=4), dict(q_offset=2), dict(kv_offset=1),
+                  dict(allow_is_causal_skip=False),
+                  dict(mask_function=mu.sliding_window_causal_mask_function(4)),
+                  dict(mask_function=mu.causal_mask_function)):
+        assert not mhf._window_without_mask(dict(request, **other)), other
 
 
 # Padding-free batches ---------------------------------------------------------------------------

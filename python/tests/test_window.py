@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 import memeff.torch as mt  # noqa: E402
 
 from attention_helpers import (assert_output_and_grads_close, random_bias,  # noqa: E402
-                               randn_leaves, reference_attention, seeded_generator)
+                               randn_leaves, reference_attention, seeded_generator,
+                               skip_if_the_kernels_refuse)
 
 
 def alibi(heads, batch=None):
@@ -25,17 +26,6 @@ def alibi(heads, batch=None):
 
 def slopes_for(kind, B, Hq, device):
     return None if kind is None else alibi(Hq, B if kind == "batch" else None).to(device)
-
-
-def skip_if_the_kernels_refuse(device, call):
-    """call(), or a skip on CUDA where the kernels do not take window/ALiBi/softcap yet (their
-    reasons point to docs/window.md). On the CPU a refusal fails the test."""
-    try:
-        return call()
-    except NotImplementedError as e:
-        if device != "cpu" and "docs/window.md" in str(e):
-            pytest.skip(f"the CUDA kernels refuse this call for now: {e}")
-        raise
 
 
 def test_a_refusal_on_cuda_names_the_feature_and_every_backend():

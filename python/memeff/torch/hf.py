@@ -18,6 +18,10 @@ A plain causal or bidirectional pattern without padding gets no mask, under torc
 keys) runs as per-batch key lengths through varlen_attention instead of reading a mask (eager
 calls; _right_padding, _causal_right_padding).
 
+Sliding windows and logit softcapping (Mistral, Gemma-2) run in memeff's kernels: a causal
+module's `sliding_window` W as window_size (W - 1, 0), `softcap` as softcap; a plain causal
+sliding window without padding then needs no mask (_window_without_mask; docs/torch.md).
+
 Padding-free (packed) batches run memeff.torch.varlen_attention, as transformers runs
 flash-attention's varlen function for them: sequences concatenated into one row (batch 1) whose
 position_ids restart at each sequence (what DataCollatorWithFlattening returns), or the
@@ -62,20 +66,27 @@ def attention_forward(
     """transformers' attention-function signature: query [B, Hq, Lq, D], key/value
     [B, Hkv, Lk, D(v)], attention_mask boolean (True = attend) or additive float, broadcastable
     to [B, Hq, Lq, Lk], or None. Returns ([B, Lq, Hq, Dv], None): memeff never forms the
-    attention weights."""
-    for unsupported in ("softcap", "s_aux", "block_table"):
+    attention weights. `softcap` (Gemma-2's attention logit cap) and `sliding_window` (a causal
+    module's last W keys, the query's own included: window (W - 1, 0)) run in memeff's kernels
+    (docs/window.md); `s_aux` (attention sinks) and `block_table` (paged caches) are refused."""
+    for unsupported in ("s_aux", "block_table"):
         if kwargs.get(unsupported) is not None:
             raise NotImplementedError(f"memeff attention: argument `{unsupported}` is not "
                                       f"supported; use another attn_implementation for this model")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    modifiers = {"softcap": float(kwargs.get("softcap") or 0.0)}
+    window = _causal_window(module, attention_mask, position_bias, is_causal, kwargs)
+    if window is not None:
+        modifiers["window_size"] = window
     # A decoder's right padding as mask_function returns it: key-padding rows that carry the
     # causal pattern with them (top-left: as many queries as keys, from position 0).
     causal_padding = _is_causal_padding(attention_mask)
     if attention_mask is None and position_bias is None:
         packing = _packing(query, key, kwargs)
         if packing is not None:
-            return _varlen_forward(query, key, value, packing, dropout, scaling, is_causal), None
+            return _varlen_forward(query, key, value, packing, dropout, scaling, is_causal,
+                                   modifiers), None
     elif position_bias is None and (causal_padding or not is_causal):
         # fp32 packed calls have no CUDA backend (the fused kernels take 16-bit inputs): those,
         # and any other packed call no backend takes, run the dense path below, the same mask.
@@ -84,7 +95,8 @@ def attention_forward(
         if keys is not None:
             try:
                 return _key_lengths_forward(query, key, value, keys, dropout, scaling,
-                                            "top_left" if causal_padding else None), None
+                                            "top_left" if causal_padding else None,
+                                            modifiers), None
             except NotImplementedError:
                 pass
     # As transformers' sdpa_attention_forward decides it: causal only when the mask was left out
@@ -105,10 +117,89 @@ def attention_forward(
     # static cache to Lq: no query sees a key past its own position either way.
     out = scaled_dot_product_attention(query, key, value, attn_mask=bias, dropout_p=dropout,
                                        scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
-                                       causal=causal)
+                                       causal=causal, **modifiers)
     # memeff's out is laid out like the query, which transformers builds as a [B, L, H, D]
     # projection viewed as heads: this transpose is contiguous and .contiguous() copies nothing.
     return out.transpose(1, 2).contiguous(), None
+
+
+# Sliding windows -------------------------------------------------------------------------------
+
+# The configs of models whose attention modules pass `sliding_window` to the attention function,
+# by id (Mistral's and Gemma-2's do; some models build sliding-window masks without passing it).
+# Only their sliding-window masks may be left out (_window_without_mask): the first forward of
+# such a model builds transformers' mask, and its attention calls record the config here.
+_configs_passing_windows: "weakref.WeakValueDictionary[int, object]" = (
+    weakref.WeakValueDictionary())
+
+
+def _causal_window(module, attention_mask, position_bias, is_causal, kwargs):
+    """The window (W - 1, 0) of a causal module's `sliding_window` W (transformers' pattern:
+    key j visible to query i iff i - W < j <= i, the last W keys) when there is no mask to hold
+    it; None otherwise (an explicit mask already holds the window and the positions, which a
+    window aligned on Lq and Lk could not know with a static cache)."""
+    width = kwargs.get("sliding_window")
+    if width is None:
+        return None
+    config = getattr(module, "config", None)
+    if config is not None:
+        _configs_passing_windows[id(config)] = config
+    if not is_causal or attention_mask is not None or position_bias is not None:
+        return None
+    return (int(width) - 1, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _window_codes():
+    """The code objects of transformers' causal sliding-window mask function: the combinator
+    (and_masks) and the window overlay."""
+    from transformers import masking_utils as mu
+    overlay = mu.sliding_window_overlay(1).__code__
+    return mu.and_masks(mu.causal_mask_function).__code__, overlay
+
+
+def _is_causal_window(mask_fn, width) -> bool:
+    """Whether a transformers mask function is exactly causal with a sliding window of `width`
+    (sliding_window_causal_mask_function(width)) and nothing else."""
+    from transformers.masking_utils import causal_mask_function
+    combinator, overlay = _window_codes()
+    if getattr(mask_fn, "__code__", None) is not combinator:
+        return False
+    parts = [cell.cell_contents for cell in mask_fn.__closure__ or ()]
+    parts = [p for part in parts for p in (part if isinstance(part, tuple) else (part,))
+             if callable(p)]
+    if len(parts) != 2 or causal_mask_function not in parts:
+        return False
+    (window,) = [p for p in parts if p is not causal_mask_function]
+    if getattr(window, "__code__", None) is not overlay:
+        return False
+    widths = [cell.cell_contents for cell in window.__closure__ or ()]
+    return widths == [width]
+
+
+def _window_without_mask(kwargs) -> bool:
+    """Whether a mask request is a plain causal sliding window with no padding (mask), from
+    position 0 (training, a prefill), for a model whose attention receives `sliding_window`:
+    the attention then runs top-left causal with window (W - 1, 0) and needs no mask. Eager
+    only (the registry of models is not read while torch.compile traces)."""
+    width, padding = kwargs.get("local_size"), kwargs.get("attention_mask")
+    config = kwargs.get("config")
+    q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    if not (isinstance(width, int) and width > 0 and config is not None
+            and _configs_passing_windows.get(id(config)) is config
+            and kwargs.get("allow_is_causal_skip", True)
+            and not isinstance(q_offset, torch.Tensor) and q_offset == 0
+            and not isinstance(kv_offset, torch.Tensor) and kv_offset == 0
+            and not torch.compiler.is_compiling()
+            and _is_causal_window(kwargs.get("mask_function"), width)):
+        return False
+    if padding is None:
+        return True
+    # A padding mask that masks nothing (read once per mask tensor, as the other masks are).
+    if padding.dim() != 2:
+        return False
+    found = _key_padding_of(_key_padding_rows(padding, kwargs, kwargs.get("kv_length"), 0))
+    return found is not None and found.kind == "none"
 
 
 # Padding-free batches ---------------------------------------------------------------------------
@@ -175,17 +266,19 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
 
 
-def _varlen_forward(query, key, value, packing, dropout, scaling, is_causal) -> torch.Tensor:
+def _varlen_forward(query, key, value, packing, dropout, scaling, is_causal,
+                    modifiers) -> torch.Tensor:
     """query [B, Hq, L, D] (and key, value) as B·L packed rows -> [B, L, Hq, Dv]. Causal is
     bottom-right per sequence, as flash-attention's varlen function aligns it (the same as
-    top-left where a sequence has as many queries as keys)."""
+    top-left where a sequence has as many queries as keys); modifiers: the window and softcap
+    keywords of varlen_attention."""
     cu_q, cu_k, max_q, max_k = packing
     B, Hq, L, _ = query.shape
     out = varlen_attention(_rows(query), _rows(key), _rows(value),
                            cu_q.to(device=query.device, dtype=torch.int32),
                            cu_k.to(device=query.device, dtype=torch.int32), max_q, max_k,
                            dropout_p=dropout, causal="bottom_right" if is_causal else None,
-                           scale=scaling)
+                           scale=scaling, **modifiers)
     return out.reshape(B, L, Hq, out.shape[-1])
 
 
@@ -276,8 +369,8 @@ def _key_padding_of(mask: torch.Tensor) -> KeyPadding:
     return KeyPadding("right", (rows, cu_seqlens, max(longest, 1)))
 
 
-def _key_lengths_forward(query, key, value, keys, dropout, scaling,
-                         causal: Optional[str] = None) -> torch.Tensor:
+def _key_lengths_forward(query, key, value, keys, dropout, scaling, causal: Optional[str] = None,
+                         modifiers=None) -> torch.Tensor:
     """A right-padded batch as per-batch key lengths: query [B, Hq, L, D] as B sequences of L
     queries (every row, padded ones included, as the dense path computes them) over only the
     keys each one sees, gathered into packed rows (a copy of the visible keys and values, about
@@ -290,7 +383,7 @@ def _key_lengths_forward(query, key, value, keys, dropout, scaling,
     cu_q = torch.arange(0, (B + 1) * L, L, dtype=torch.int32, device=query.device)
     out = varlen_attention(_rows(query), _rows(key).index_select(0, rows_k),
                            _rows(value).index_select(0, rows_k), cu_q, cu_k, L, max_k,
-                           dropout_p=dropout, causal=causal, scale=scaling)
+                           dropout_p=dropout, causal=causal, scale=scaling, **(modifiers or {}))
     return out.reshape(B, L, Hq, out.shape[-1])
 
 
@@ -349,7 +442,7 @@ def mask_function(*args, **kwargs) -> Optional[torch.Tensor]:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, bidirectional_mask_function
     padding = kwargs.get("attention_mask")
     if not args:
-        if _no_mask_needed(kwargs):
+        if _no_mask_needed(kwargs) or _window_without_mask(kwargs):
             return None
         rows = _causal_right_padding(kwargs)
         if rows is not None:
