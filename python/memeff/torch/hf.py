@@ -177,6 +177,13 @@ def _is_causal_window(mask_fn, width) -> bool:
     return widths == [width]
 
 
+def _kernels_take_windows(device) -> bool:
+    """Whether memeff's backends on `device` run a window (docs/window.md): the host backends do;
+    the CUDA kernels refuse it today, so on a GPU the sliding-window mask is built and read as a
+    bias, as before windows existed."""
+    return torch.device(device).type == "cpu"
+
+
 def _window_without_mask(kwargs) -> bool:
     """Whether a mask request is a plain causal sliding window with no padding (mask), from
     position 0 (training, a prefill), for a model whose attention receives `sliding_window`:
@@ -184,6 +191,8 @@ def _window_without_mask(kwargs) -> bool:
     only (the registry of models is not read while torch.compile traces)."""
     width, padding = kwargs.get("local_size"), kwargs.get("attention_mask")
     config = kwargs.get("config")
+    if not _kernels_take_windows(kwargs.get("device", "cpu")):
+        return False
     q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
     if not (isinstance(width, int) and width > 0 and config is not None
             and _configs_passing_windows.get(id(config)) is config
