@@ -442,9 +442,11 @@ void run_one(FuzzedDataProvider& in) {
     const std::int64_t sides[] = {-1, -1, 0, 1, 3, 37, 64, std::int64_t{1} << 50, -2};
     args.window = {in.PickValueInArray(sides), in.PickValueInArray(sides)};
     args.softcap = in.PickValueInArray<double>({0.0, 0.0, 0.5, 30.0, -1.0, NAN, INFINITY});
+    // Room for B·(Hq + 1) slopes (a wrong size adds one head), computed without overflow.
+    const std::int64_t room = static_cast<std::int64_t>(slopes.size());
     std::int64_t slope_count = 0;
-    const bool small_heads = B >= 0 && Hq >= 0 && !__builtin_mul_overflow(B, Hq, &slope_count) &&
-                             slope_count + 1 <= static_cast<std::int64_t>(slopes.size());
+    const bool small_heads = B >= 0 && Hq >= 0 && Hq < room &&
+                             !__builtin_mul_overflow(B, Hq + 1, &slope_count) && slope_count <= room;
     if (in.ConsumeBool() && small_heads) {
       const bool per_batch = in.ConsumeBool();
       const std::int64_t wrong = in.ConsumeIntegralInRange(0, 7) == 0 ? 1 : 0;
