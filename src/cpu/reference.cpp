@@ -1,6 +1,7 @@
 // The reference backend: the naive definition of attention, every feature, accumulated in double.
 // It is the oracle the other backends are tested against, and is itself checked against finite
-// differences (tests/unit/reference_gradcheck_test.cpp). Speed is not a goal; clarity is.
+// differences (ReferenceGradcheck in tests/unit/reference_test.cpp). Speed is not a goal;
+// clarity is.
 #include <cmath>
 #include <cstdint>
 #include <limits>
