@@ -8,6 +8,12 @@
 
 namespace memeff {
 
+// The version of the mask's definition (docs/dropout.md, "Versions"). A (seed, offset, p) gives
+// the same mask everywhere within one version; a new version changes which elements are dropped,
+// so masks recorded under another version are not reproduced. 2: the per-element Philox calls
+// take 7 rounds (1: 10).
+inline constexpr int kDropoutContractVersion = 2;
+
 // p is quantized to 8 bits: an element is kept when its random byte is below `threshold`,
 // threshold = round(256·(1 - p)) clamped to [1, 256]; kept values are scaled by 256/threshold.
 struct DropoutThreshold {

@@ -2,7 +2,8 @@
 // element (b, h, i, j). Defined on absolute coordinates only, so every backend, tile shape and
 // thread layout draws the same mask, and the backward regenerates it from either orientation.
 //
-//   key      = first two words of Philox(counter = {lo(offset), hi(offset), 0, 0}, key = seed)
+//   key      = first two words of Philox-10(counter = {lo(offset), hi(offset), 0, 0}, key = seed)
+//   call     = Philox-7(counter, key)
 //   counter  = {4·(j / 64) + (j / 2) % 4,  i,  lo(bh),  hi(bh)}      bh = b·Hq + h
 //   byte     = 2·((j / 8) % 8) + j % 2   of the 16 output bytes (word byte / 4, little-endian)
 //   keep     = byte value < threshold,   threshold = round(256·(1 - p)) in [1, 256]
@@ -16,8 +17,16 @@
 
 #include "core/hostdevice.h"
 #include "core/philox.h"
+#include "memeff/dropout.h"
 
 namespace memeff::detail {
+
+// Version 2 of the contract (kDropoutContractVersion): the per-element calls take 7 rounds
+// (version 1 took 10; docs/dropout.md, "Versions", has the statistical tests behind the change).
+// The key, drawn once per call of the API, keeps 10.
+static_assert(kDropoutContractVersion == 2, "the round counts below are version 2's");
+inline constexpr int kDropoutKeyRounds = 10;
+inline constexpr int kDropoutCallRounds = 7;
 
 // Coordinates the map can address: rows below 2^32 and columns below 2^36.
 inline constexpr std::uint64_t kDropoutMaxRows = std::uint64_t{1} << 32;
@@ -28,10 +37,9 @@ struct DropoutKey {
 };
 
 MEMEFF_HD DropoutKey dropout_key(std::uint64_t seed, std::uint64_t offset) {
-  const Philox4 r = philox4x32_10(static_cast<std::uint32_t>(offset),
-                                  static_cast<std::uint32_t>(offset >> 32), 0u, 0u,
-                                  static_cast<std::uint32_t>(seed),
-                                  static_cast<std::uint32_t>(seed >> 32));
+  const Philox4 r = philox4x32<kDropoutKeyRounds>(
+      static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(offset >> 32), 0u, 0u,
+      static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
   return DropoutKey{r.x[0], r.x[1]};
 }
 
@@ -55,9 +63,9 @@ MEMEFF_HD std::uint64_t dropout_byte_col(std::uint64_t col_block64, std::uint32_
 // class `col_class` ((j / 2) % 4), for flattened head bh = b·Hq + h.
 MEMEFF_HD Philox4 dropout_call(DropoutKey key, std::uint64_t bh, std::uint64_t i,
                                std::uint64_t col_block64, std::uint32_t col_class) {
-  return philox4x32_10(static_cast<std::uint32_t>(col_block64 * 4u + col_class),
-                       static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(bh),
-                       static_cast<std::uint32_t>(bh >> 32), key.k0, key.k1);
+  return philox4x32<kDropoutCallRounds>(
+      static_cast<std::uint32_t>(col_block64 * 4u + col_class), static_cast<std::uint32_t>(i),
+      static_cast<std::uint32_t>(bh), static_cast<std::uint32_t>(bh >> 32), key.k0, key.k1);
 }
 
 // The 16 keep decisions of one call: bit k is set when byte k < threshold (1..256).

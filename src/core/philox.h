@@ -1,6 +1,7 @@
-// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) with the
+// Philox4x32-R (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) with the
 // Random123 constants. One call maps a 128-bit counter and a 64-bit key to 128 random bits.
 // Shared verbatim by the CPU backends and the CUDA kernels, so the bits are the same everywhere.
+// The dropout contract (dropout_map.h) says how many rounds each of its calls takes.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,6 @@ inline constexpr std::uint32_t kPhiloxM0 = 0xD2511F53u;  // round multipliers
 inline constexpr std::uint32_t kPhiloxM1 = 0xCD9E8D57u;
 inline constexpr std::uint32_t kPhiloxW0 = 0x9E3779B9u;  // key schedule (golden ratio, sqrt 3 - 1)
 inline constexpr std::uint32_t kPhiloxW1 = 0xBB67AE85u;
-inline constexpr int kPhiloxRounds = 10;
 
 MEMEFF_HD std::uint32_t mulhi32(std::uint32_t a, std::uint32_t b) {
 #if defined(__CUDA_ARCH__)
@@ -27,13 +27,14 @@ MEMEFF_HD std::uint32_t mulhi32(std::uint32_t a, std::uint32_t b) {
 #endif
 }
 
-// counter c0..c3, key k0 (low word) and k1 (high word).
-MEMEFF_HD Philox4 philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32_t c2,
-                                std::uint32_t c3, std::uint32_t k0, std::uint32_t k1) {
+// kRounds rounds of counter c0..c3 under key k0 (low word) and k1 (high word).
+template <int kRounds>
+MEMEFF_HD Philox4 philox4x32(std::uint32_t c0, std::uint32_t c1, std::uint32_t c2, std::uint32_t c3,
+                             std::uint32_t k0, std::uint32_t k1) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int round = 0; round < kPhiloxRounds; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     const std::uint32_t hi0 = mulhi32(kPhiloxM0, c0);
     const std::uint32_t lo0 = kPhiloxM0 * c0;
     const std::uint32_t hi1 = mulhi32(kPhiloxM1, c2);

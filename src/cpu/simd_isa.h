@@ -27,7 +27,7 @@ CpuKernels make_scalar_kernels();  // simd_scalar.cpp
 CpuKernels make_avx2_kernels();    // simd_avx2.cpp
 CpuKernels make_avx512_kernels();  // simd_avx512.cpp
 
-// Philox4x32-10 of n counters one by one (the vector versions' tail); simd_scalar.cpp.
+// The dropout calls' Philox of n counters one by one (the vector versions' tail); simd_scalar.cpp.
 void philox_scalar(const std::uint32_t* c0, const std::uint32_t* c1, const std::uint32_t* c2,
                    const std::uint32_t* c3, std::uint32_t k0, std::uint32_t k1, int n,
                    std::uint32_t* out);

@@ -1,5 +1,6 @@
 // The vector kernels of the cpu backend: tile products, the fused softmax row steps, a fast exp
-// and a vectorized Philox4x32-10 that yields the dropout keep-bits of the shared RNG contract.
+// and a vectorized Philox (the dropout calls' rounds) that yields the keep-bits of the shared RNG
+// contract.
 // Each exists as a scalar version (simd_scalar.cpp) and as AVX2+FMA and AVX-512 versions written
 // once over the vector width (simd_vector_kernels.h); the table is chosen at run time.
 #pragma once
@@ -59,8 +60,8 @@ struct CpuKernels {
                        std::uint64_t col_block64, std::uint32_t threshold,
                        std::uint64_t* masks) = nullptr;
 
-  // Philox4x32-10 of n independent counters (c0..c3 arrays) with one key: out[4·t + w] is word
-  // w of call t. Used by keep_masks64; exposed to test the vector version bit for bit.
+  // The dropout calls' Philox of n independent counters (c0..c3 arrays) with one key: out[4·t + w]
+  // is word w of call t. Used by keep_masks64; exposed to test the vector version bit for bit.
   void (*philox)(const std::uint32_t* c0, const std::uint32_t* c1, const std::uint32_t* c2,
                  const std::uint32_t* c3, std::uint32_t k0, std::uint32_t k1, int n,
                  std::uint32_t* out) = nullptr;

@@ -112,7 +112,7 @@ void philox_scalar(const std::uint32_t* c0, const std::uint32_t* c1, const std::
                    const std::uint32_t* c3, std::uint32_t k0, std::uint32_t k1, int n,
                    std::uint32_t* out) {
   for (int t = 0; t < n; ++t) {
-    const Philox4 r = philox4x32_10(c0[t], c1[t], c2[t], c3[t], k0, k1);
+    const Philox4 r = philox4x32<kDropoutCallRounds>(c0[t], c1[t], c2[t], c3[t], k0, k1);
     std::memcpy(out + 4 * t, r.x, sizeof r.x);
   }
 }

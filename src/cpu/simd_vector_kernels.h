@@ -550,16 +550,17 @@ MEMEFF_SIMD_TARGET void exp_array(const float* x, float* y, int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Philox4x32-10 on kLanes counters at once, and the dropout keep-bits made from it.
+// The dropout calls' Philox (kDropoutCallRounds rounds) on kLanes counters at once, and the
+// keep-bits made from it.
 
-// Ten rounds; c[0..3] in, the 4 output words out.
+// c[0..3] in, the 4 output words out.
 template <class V>
 MEMEFF_SIMD_TARGET inline void philox_rounds(typename V::I c[4], std::uint32_t k0,
                                              std::uint32_t k1) {
   using I = typename V::I;
   const I m0 = V::set1_u32(kPhiloxM0);
   const I m1 = V::set1_u32(kPhiloxM1);
-  for (int round = 0; round < kPhiloxRounds; ++round) {
+  for (int round = 0; round < kDropoutCallRounds; ++round) {
     I hi0, lo0, hi1, lo1;
     V::mulhilo(c[0], m0, hi0, lo0);
     V::mulhilo(c[2], m1, hi1, lo1);

@@ -1,6 +1,7 @@
-// The dropout RNG contract: Philox4x32-10 known answers, the coordinate map of docs/dropout.md
-// (a bijection between elements and call bytes, on absolute coordinates, 64-bit safe), the
-// public mask functions, p quantization, and statistics of the keep decisions.
+// The dropout RNG contract: Philox4x32 known answers (7 and 10 rounds), the contract version, the
+// coordinate map of docs/dropout.md (a bijection between elements and call bytes, on absolute
+// coordinates, 64-bit safe), the public mask functions, p quantization, and statistics of the keep
+// decisions.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,11 +19,25 @@ namespace {
 
 using detail::Philox4;
 
-// Random123's published known-answer vectors for philox4x32 with 10 rounds.
-TEST(Philox, KnownAnswers) {
-  struct Kat {
-    std::uint32_t ctr[4], key[2], out[4];
-  } kats[] = {
+// Random123's published known-answer vectors for philox4x32 with 7 and 10 rounds.
+struct PhiloxKat {
+  std::uint32_t ctr[4], key[2], out[4];
+};
+
+template <int kRounds>
+void expect_known_answers(const PhiloxKat (&kats)[3]) {
+  for (const PhiloxKat& k : kats) {
+    const Philox4 r =
+        detail::philox4x32<kRounds>(k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3], k.key[0], k.key[1]);
+    for (int w = 0; w < 4; ++w) {
+      EXPECT_EQ(r.x[w], k.out[w]) << kRounds << " rounds, counter " << std::hex << k.ctr[0]
+                                  << " word " << w;
+    }
+  }
+}
+
+TEST(Philox, KnownAnswersTenRounds) {
+  const PhiloxKat kats[] = {
       {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
       {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
        {0xffffffff, 0xffffffff},
@@ -31,13 +46,27 @@ TEST(Philox, KnownAnswers) {
        {0xa4093822, 0x299f31d0},
        {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
   };
-  for (const Kat& k : kats) {
-    const Philox4 r =
-        detail::philox4x32_10(k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3], k.key[0], k.key[1]);
-    for (int w = 0; w < 4; ++w) {
-      EXPECT_EQ(r.x[w], k.out[w]) << "counter " << std::hex << k.ctr[0] << " word " << w;
-    }
-  }
+  expect_known_answers<10>(kats);
+}
+
+TEST(Philox, KnownAnswersSevenRounds) {
+  const PhiloxKat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x5207ddc2, 0x45165e59, 0x4d8ee751, 0x8c52f662}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a}},
+  };
+  expect_known_answers<7>(kats);
+}
+
+// Version 2: the key from 10 rounds, the element calls from 7 (docs/dropout.md, "Versions").
+TEST(DropoutMap, VersionTwoRoundCounts) {
+  EXPECT_EQ(kDropoutContractVersion, 2);
+  EXPECT_EQ(detail::kDropoutKeyRounds, 10);
+  EXPECT_EQ(detail::kDropoutCallRounds, 7);
 }
 
 TEST(DropoutMap, ByteMapIsABijectionOnEveryBlock) {
@@ -73,10 +102,10 @@ TEST(DropoutMap, OneCallServesOneMmaFragmentRow) {
 // The documented counter layout, written out independently of dropout_map.h.
 bool keep_by_doc(std::uint64_t seed, std::uint64_t offset, std::uint32_t threshold,
                  std::uint64_t bh, std::uint64_t i, std::uint64_t j) {
-  const Philox4 k = detail::philox4x32_10(std::uint32_t(offset), std::uint32_t(offset >> 32), 0, 0,
-                                          std::uint32_t(seed), std::uint32_t(seed >> 32));
+  const Philox4 k = detail::philox4x32<10>(std::uint32_t(offset), std::uint32_t(offset >> 32), 0, 0,
+                                           std::uint32_t(seed), std::uint32_t(seed >> 32));
   const std::uint64_t c0 = (j / 64) * 4 + (j / 2) % 4;
-  const Philox4 r = detail::philox4x32_10(std::uint32_t(c0), std::uint32_t(i), std::uint32_t(bh),
+  const Philox4 r = detail::philox4x32<7>(std::uint32_t(c0), std::uint32_t(i), std::uint32_t(bh),
                                           std::uint32_t(bh >> 32), k.x[0], k.x[1]);
   const std::uint64_t byte = 2 * ((j / 8) % 8) + j % 2;
   return ((r.x[byte / 4] >> (8 * (byte % 4))) & 0xFF) < threshold;

@@ -8,7 +8,7 @@
 //   Sᵀ (rows = keys, backward):    lanes g and g^1 (lane ^ 4) hold the same two queries and the
 //                                  two byte parities of the same two calls: each computes one call
 //                                  and they swap the other half with one shuffle.
-// Cost: one Philox4x32-10 call per 16 elements per lane in both orientations.
+// Cost: one Philox call (7 rounds, dropout_map.h) per 16 elements per lane in both orientations.
 #pragma once
 
 #include <cstdint>
