@@ -10,20 +10,20 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <stdexcept>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/host_tensor.h"
-#include "cuda/device_tensor.h"
+#include "common/kernel_case.h"
 #include "common/tolerance.h"
+#include "cuda/device_tensor.h"
+#include "cuda/forward_check.h"
 #include "memeff/attention.h"
 #include "memeff/dispatch.h"
 #include "memeff/error.h"
-#include "common/kernel_case.h"
-#include "cuda/forward_check.h"
 
 namespace memeff {
 namespace {
@@ -228,6 +228,44 @@ TEST_P(CudaForward, ManyKeyTilesAndItemsWithAKeyPaddingBias) {
   check_case(many, 73);
   many.dropout = 0.0;
   check_case(many, 74);
+}
+
+TEST_P(CudaForward, SixteenBitBiasOverQueriesEveryHeadDimCausalModeAndBroadcast) {
+  // A bias in the inputs' dtype that varies over queries, with row strides TMA can describe (Lk
+  // a multiple of 8): the Hopper forward loads it in tiles beside K and V. Partial query blocks
+  // and key tiles (zero-filled by TMA), every broadcast of B and H, each head-dim bucket, both
+  // causal alignments, dropout, and more work items than SMs so the bias ring carries across
+  // items; Lk = 130 (not describable) keeps the per-score path.
+  int seed = 300;
+  for (std::int64_t D : {64, 96, 128, 256}) {
+    for (const char* pattern : {"bhqk", "1hqk", "b1qk", "11qk"}) {
+      for (DType dt : {DType::bf16, DType::f16}) {
+        KernelCase c = make({.B = 2,
+                             .Hq = 3,
+                             .Hkv = 3,
+                             .Lq = 300,
+                             .Lk = 1104,
+                             .D = D,
+                             .bias = pattern,
+                             .bias_dtype = dt});
+        c.dtype = dt;
+        c.causal = D == 96 ? kTopLeft : D == 256 ? kBottomRight : CausalMode::none;
+        c.dropout = pattern[0] == '1' ? 0.1 : 0.0;
+        check_case(c, static_cast<std::uint64_t>(++seed));
+      }
+    }
+  }
+  for (std::int64_t Lk : {8, 128, 200, 130}) {
+    KernelCase c = make({.B = 2, .Lq = 65, .Lk = Lk, .bias = "bhqk", .bias_dtype = DType::bf16});
+    check_case(c, static_cast<std::uint64_t>(++seed));
+  }
+  KernelCase many = make({.B = 3, .Hq = 48, .Hkv = 12, .Lq = 200, .Lk = 336, .dropout = 0.1});
+  many.bias = "1hqk";
+  many.bias_dtype = many.dtype;
+  check_case(many, 75);
+  many.causal = kTopLeft;
+  many.dropout = 0.0;
+  check_case(many, 76);
 }
 
 TEST_P(CudaForward, MoreWorkItemsThanMultiprocessors) {

@@ -58,6 +58,29 @@ __device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
+// The first (lo, lower address) and second (hi) 16-bit element of a 32-bit word, as fp32: bf16 is
+// the upper half of an fp32, so a shift or a mask gives it exactly.
+template <class T>
+__device__ __forceinline__ float unpack_lo(std::uint32_t w);
+template <class T>
+__device__ __forceinline__ float unpack_hi(std::uint32_t w);
+template <>
+__device__ __forceinline__ float unpack_lo<__nv_bfloat16>(std::uint32_t w) {
+  return __uint_as_float(w << 16);
+}
+template <>
+__device__ __forceinline__ float unpack_hi<__nv_bfloat16>(std::uint32_t w) {
+  return __uint_as_float(w & 0xFFFF0000u);
+}
+template <>
+__device__ __forceinline__ float unpack_lo<__half>(std::uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
+}
+template <>
+__device__ __forceinline__ float unpack_hi<__half>(std::uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+
 // This lane's share of Σ_e a[e]·b[e] over n elements (n a multiple of 8, rows 16-byte aligned)
 // when `lanes` lanes share the row: 16-byte loads of both at lane·8, lane·8 + 8·lanes, ...
 template <class T>

@@ -24,7 +24,7 @@ void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStre
   auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
-  setup_warp_specialized<Tr>(prepared, kernel, "sm90 backward kernel");
+  setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 backward kernel");
   const BackwardParams& p = tp.p;
   if constexpr (kPacked) {
     // (key tile, kv head): the scheduler's bound over cu_seqlens_k (Family::backward_reasons

@@ -26,6 +26,13 @@
 // Work items of one batch·head are adjacent in the order, so the CTAs resident at a time share a
 // few heads' K and V in L2; within a head the heaviest query blocks (under a causal mask) first.
 //
+// Bias (kBiasRead, fwd_traits.cuh): a 16-bit bias that varies over queries comes as tiles of the
+// block's rows by the key tile's keys, loaded by the producer right after each K tile into a ring
+// of its own (full/empty barriers per stage, as K and V), so the softmax reads it from shared
+// memory (add_tiled_bias); a key-padding bias (broadcast over queries) is staged by the consumers
+// one key tile ahead; an fp32 bias, or one whose strides TMA cannot describe, is read per score
+// from global memory.
+//
 // Packed sequences (kPacked, params.h: cu_seqlens_q/k): one CTA per work item, never persistent
 // (an item's cost follows its sequence's key count, so the hardware's hand-out balances them as
 // it does causal items); CTA x takes head x / packed_tiles and tile x % packed_tiles of the
@@ -115,13 +122,38 @@ __device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p,
   return slot;
 }
 
-// kKeyBias: the bias is broadcast over queries (bias_stride.l == 0, a key-padding mask) and is
-// staged in shared memory (see the consumers' key_bias below).
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kKeyBias>
+// s = scale·s + bias for a thread's two rows of a score fragment, the bias tile as TMA left it
+// in shared memory (BiasRead::tiles): boxes of 64 keys by kBlockM rows, each row 128 bytes whose
+// 16-byte chunk c sits at chunk c ^ (row % 8) (the 128-byte swizzle). The thread's rows are
+// `row` and row + 8 of the block (both ≡ g mod 8), its keys 8n + 2t and 8n + 2t + 1 of n8 tile n:
+// one 4-byte load per row and n8 tile, and the 32 lanes of a warp hit 32 different banks. Rows
+// past Lq and keys past Lk were zero-filled: they add 0, as add_scaled_bias does.
+template <class T, int kNT>
+__device__ __forceinline__ void add_tiled_bias(float (&s)[kNT][4], const unsigned char* tile,
+                                               int box_bytes, int row, int t, float scale) {
+  const int swizzle = row & 7;
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    const unsigned char* lo =
+        tile + (n / 8) * box_bytes + row * 128 + (((n % 8) ^ swizzle) << 4) + 4 * t;
+    const std::uint32_t a = *reinterpret_cast<const std::uint32_t*>(lo);
+    const std::uint32_t b = *reinterpret_cast<const std::uint32_t*>(lo + 8 * 128);
+    s[n][0] = fmaf(s[n][0], scale, unpack_lo<T>(a));
+    s[n][1] = fmaf(s[n][1], scale, unpack_hi<T>(a));
+    s[n][2] = fmaf(s[n][2], scale, unpack_lo<T>(b));
+    s[n][3] = fmaf(s[n][3], scale, unpack_hi<T>(b));
+  }
+}
+
+// kBiasRead: how the bias is read (fwd_traits.cuh): per score from global memory, a key-padding
+// bias staged per key tile by the consumers (key_bias below), or 16-bit tiles the producer loads
+// by TMA beside K and V (bias_tiles below).
+template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
+  constexpr bool kBias = kBiasRead != BiasRead::none;
+  constexpr bool kBiasTiles = kBiasRead == BiasRead::tiles;
   static_assert(!(kPacked && kBias), "packed calls take no bias");
-  static_assert(kBias || !kKeyBias, "a key-padding bias is a bias");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
@@ -133,15 +165,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const std::uint32_t sK = sQ + Tr::kQBytes;                 // kStages buffers of kKVBytes
-  const std::uint32_t sV = sK + kStages * Tr::kKVBytes;      // kStages buffers of kKVBytes
-  const std::uint32_t q_full = sV + kStages * Tr::kKVBytes;  // then the barriers
+  const std::uint32_t sK = sQ + Tr::kQBytes;             // kStages buffers of kKVBytes
+  const std::uint32_t sV = sK + kStages * Tr::kKVBytes;  // kStages buffers of kKVBytes
+  const std::uint32_t sB = sV + kStages * Tr::kKVBytes;  // kBiasTiles: kStages bias tiles
+  const std::uint32_t q_full = sB + (kBiasTiles ? kStages * Tr::kBiasTileBytes : 0);  // barriers
   const std::uint32_t q_empty = q_full + 8u;
   auto k_full = [&](int s) { return q_full + 8u * (2 + s); };
   auto k_empty = [&](int s) { return q_full + 8u * (2 + kStages + s); };
   auto v_full = [&](int s) { return q_full + 8u * (2 + 2 * kStages + s); };
   auto v_empty = [&](int s) { return q_full + 8u * (2 + 3 * kStages + s); };
-  // Then the staged key-bias tiles (Tr::kKeyBiasBytes): two of kBlockN floats per consumer.
+  auto b_full = [&](int s) { return q_full + 8u * (2 + 4 * kStages + s); };
+  auto b_empty = [&](int s) { return q_full + 8u * (2 + 5 * kStages + s); };
+  // Then the staged key-bias tiles (Tr::kKeyBiasBytes, BiasRead::keys): two of kBlockN floats
+  // per consumer.
   float* const key_bias_smem =
       reinterpret_cast<float*>(smem_raw + (q_full + 8u * Tr::kBarriers - smem_addr(smem_raw)));
 
@@ -173,6 +209,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mbar_init(v_full(s), 1);
       mbar_init(k_empty(s), 4 * Tr::kConsumers);
       mbar_init(v_empty(s), 4 * Tr::kConsumers);
+      if constexpr (kBiasTiles) {
+        mbar_init(b_full(s), 1);
+        mbar_init(b_empty(s), 4 * Tr::kConsumers);
+      }
     }
     fence_barrier_init();
   }
@@ -193,6 +233,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       prefetch_tensor_map(&tp.q);
       prefetch_tensor_map(&tp.k);
       prefetch_tensor_map(&tp.v);
+      if constexpr (kBiasTiles) prefetch_tensor_map(&tp.bias);
       int kv = 0;  // K/V tiles loaded so far: the ring position
       int local = 0;
       for (int index = first_item; index < items; index += stride, ++local) {
@@ -218,6 +259,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           for (int db = 0; db < Tr::kDBlocks; ++db) {
             tma_load_4d(sK + s * Tr::kKVBytes + db * Tr::kKVBlockBytes, &tp.k, k_full(s), 64 * db,
                         row, kvh, b);
+          }
+          if constexpr (kBiasTiles) {
+            // The tile's bias entries: keys [row, row + kBlockN) of the block's query rows, in
+            // boxes of 64 keys (dense calls only: row is the key). A broadcast dimension of the
+            // bias has one index, 0; TMA zero-fills rows past Lq and keys past Lk.
+            const int bias_h = p.bias_stride.h != 0 ? h : 0, bias_b = p.bias_stride.b != 0 ? b : 0;
+            mbar_wait(b_empty(s), phase ^ 1);
+            mbar_arrive_expect_tx(b_full(s), Tr::kBiasTileBytes);
+#pragma unroll
+            for (int kb = 0; kb < kBlockN / 64; ++kb) {
+              tma_load_4d(sB + s * Tr::kBiasTileBytes + kb * Tr::kBiasBoxBytes, &tp.bias, b_full(s),
+                          row + 64 * kb, q_row, bias_h, bias_b);
+            }
           }
           mbar_wait(v_empty(s), phase ^ 1);
           mbar_arrive_expect_tx(v_full(s), Tr::kKVBytes);
@@ -302,12 +356,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float s[kNT][4];
   float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.0f, 0.0f};
 
-  // A bias broadcast over queries (a key-padding mask: stride 0 over rows; kKeyBias) is staged:
-  // each key tile's entries go to shared memory once per warpgroup, loaded one tile ahead
-  // (thread ctid holds key ctid of the next tile while this one runs), and the softmax reads two
-  // floats per n8 tile there instead of four global loads. Any other bias is read from global
-  // memory.
-  constexpr bool key_bias = kKeyBias;
+  // A bias broadcast over queries (a key-padding mask: stride 0 over rows; BiasRead::keys) is
+  // staged: each key tile's entries go to shared memory once per warpgroup, loaded one tile
+  // ahead (thread ctid holds key ctid of the next tile while this one runs), and the softmax
+  // reads two floats per n8 tile there instead of four global loads. BiasRead::global reads
+  // every entry from global memory.
+  constexpr bool key_bias = kBiasRead == BiasRead::keys;
   constexpr int kKeyBiasPer = (kBlockN + 127) / 128;  // entries per thread per tile
   float* const my_key_bias = key_bias_smem + cw * 2 * kBlockN;
   float key_bias_next[kKeyBiasPer];
@@ -317,9 +371,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int q = 0; q < kKeyBiasPer; ++q) {
       const int c = ctid + 128 * q;
       const std::int64_t j = static_cast<std::int64_t>(n) * kBlockN + c;
-      key_bias_next[q] = c < kBlockN && j < p.Lk
-                             ? load_bias<T>(p.bias, p.bias_is_fp32, bias_base + j)
-                             : 0.0f;
+      key_bias_next[q] =
+          c < kBlockN && j < p.Lk ? load_bias<T>(p.bias, p.bias_is_fp32, bias_base + j) : 0.0f;
     }
   };
   // Into the other buffer, which every thread of the warpgroup left before the last of these
@@ -334,16 +387,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     key_bias_buf ^= 1;
   };
 
-  // Scale, bias, mask and the online softmax of the tile of key block n in s.
-  auto softmax_tile = [&](int n, float(&alpha)[2]) {
+  // A bias that varies over queries, 16-bit and describable by TMA (BiasRead::tiles), arrives
+  // with K in stage `stage` of the bias ring: this warpgroup's 64 rows of it are read from there,
+  // two entries per load (add_tiled_bias), and the stage is released once every warp has read.
+  // The thread's rows in the block: 64·cw + 16·warp + g and 8 more.
+  const int block_row = 64 * cw + 16 * warp + g;
+  const unsigned char* const bias_tiles = smem_raw + (sB - smem_addr(smem_raw));
+
+  // Scale, bias, mask and the online softmax of the tile of key block n (ring stage `stage`,
+  // ring position kv_at) in s.
+  auto softmax_tile = [&](int n, int stage, int kv_at, float(&alpha)[2]) {
     const std::int64_t n0 = static_cast<std::int64_t>(n) * kBlockN;
     if constexpr (kBias) {
       if constexpr (key_bias) {
         add_staged_key_bias(s, my_key_bias + key_bias_buf * kBlockN, t, row0 < p.Lq,
                             row0 + 8 < p.Lq, p.scale);
+      } else if constexpr (kBiasTiles) {
+        mbar_wait(b_full(stage), (kv_at / kStages) & 1);
+        add_tiled_bias<T>(s, bias_tiles + stage * Tr::kBiasTileBytes, Tr::kBiasBoxBytes, block_row,
+                          t, p.scale);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b_empty(stage));
       } else {
-        add_scaled_bias<T>(s, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0, t,
-                           p.Lq, p.Lk, p.scale);
+        add_scaled_bias<T>(s, p.bias, p.bias_is_fp32, bias_base, p.bias_stride.l, row0, n0, t, p.Lq,
+                           p.Lk, p.scale);
       }
     } else if (premul) {
 #pragma unroll
@@ -466,7 +533,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wgmma_wait<0>();
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
-        softmax_tile(n_tiles - 1, alpha);  // O is still zero: nothing to rescale
+        softmax_tile(n_tiles - 1, stage, kv, alpha);  // O is still zero: nothing to rescale
         if (key_bias && n_tiles > 1) store_key_bias();
         pack_p();
       }
@@ -489,7 +556,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wgmma_wait<1>();  // Q·Kᵀ done; P·V of the previous tile may still run
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
-        softmax_tile(n_tiles - 1 - it, alpha);
+        softmax_tile(n_tiles - 1 - it, stage, kv + it, alpha);
         if (key_bias && it + 1 < n_tiles) store_key_bias();
         wgmma_wait<0>();
         fence_operands(o);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "cuda/kernels/common/bias_row_repair.cuh"
 #include "cuda/kernels/sm90/fwd_kernel.cuh"
@@ -16,14 +17,13 @@
 
 namespace memeff::cuda::sm90 {
 
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
-          bool kKeyBias = false>
+template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked = false>
 void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
                            cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, Tr, kDropout, kBias, kPacked, kKeyBias>;
-  constexpr int kSmem = Tr::kSmemBytes;
+  auto kernel = attention_forward_kernel<T, Tr, kDropout, kBiasRead, kPacked>;
+  constexpr int kSmem = Tr::template smem_bytes<kBiasRead>();
   static std::atomic<unsigned long long> prepared{0};
-  setup_warp_specialized<Tr>(prepared, kernel, "sm90 forward kernel");
+  setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 forward kernel");
   const ForwardParams& p = params.p;
   if constexpr (kPacked) {
     // One CTA per (head, query tile): packed_tiles bounds the tiles of a head (the launcher's
@@ -48,33 +48,45 @@ void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
   check_launch("attention_forward_kernel launch");
 }
 
+// f(std::integral_constant<BiasRead, read>{}): the run-time choice as a template argument.
+template <class F>
+void with_bias_read(BiasRead read, F&& f) {
+  using R = BiasRead;
+  switch (read) {
+    case R::none:
+      return f(std::integral_constant<R, R::none>{});
+    case R::global:
+      return f(std::integral_constant<R, R::global>{});
+    case R::keys:
+      return f(std::integral_constant<R, R::keys>{});
+    case R::tiles:
+      return f(std::integral_constant<R, R::tiles>{});
+  }
+}
+
 template <class T, int kHeadDim>
 void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream) {
   using Tr = typename FwdConfig<kHeadDim>::Traits;
   const bool bias = params.p.bias != nullptr;
   if (params.p.cu_seqlens_q != nullptr) {  // packed: no bias (the validators refuse one)
     params.p.has_dropout
-        ? launch_forward_kernel<T, Tr, true, false, true>(params, multiprocessors, stream)
-        : launch_forward_kernel<T, Tr, false, false, true>(params, multiprocessors, stream);
+        ? launch_forward_kernel<T, Tr, true, BiasRead::none, true>(params, multiprocessors, stream)
+        : launch_forward_kernel<T, Tr, false, BiasRead::none, true>(params, multiprocessors,
+                                                                    stream);
     return;
   }
-  // A bias broadcast over queries (a key-padding mask) is staged in shared memory per key tile.
-  const bool key_bias = bias && params.p.bias_stride.l == 0;
-  if (params.p.has_dropout) {
-    if (key_bias) {
-      launch_forward_kernel<T, Tr, true, true, false, true>(params, multiprocessors, stream);
-    } else {
-      bias ? launch_forward_kernel<T, Tr, true, true>(params, multiprocessors, stream)
-           : launch_forward_kernel<T, Tr, true, false>(params, multiprocessors, stream);
-    }
-  } else {
-    if (key_bias) {
-      launch_forward_kernel<T, Tr, false, true, false, true>(params, multiprocessors, stream);
-    } else {
-      bias ? launch_forward_kernel<T, Tr, false, true>(params, multiprocessors, stream)
-           : launch_forward_kernel<T, Tr, false, false>(params, multiprocessors, stream);
-    }
-  }
+  // A bias broadcast over queries (a key-padding mask) is staged in shared memory per key tile;
+  // one the launcher described for TMA (16-bit, aligned strides) comes in tiles beside K and V.
+  const BiasRead read = !bias                         ? BiasRead::none
+                        : params.p.bias_stride.l == 0 ? BiasRead::keys
+                        : params.bias_tiles           ? BiasRead::tiles
+                                                      : BiasRead::global;
+  with_bias_read(read, [&](auto bias_read) {
+    constexpr BiasRead kRead = decltype(bias_read)::value;
+    params.p.has_dropout
+        ? launch_forward_kernel<T, Tr, true, kRead>(params, multiprocessors, stream)
+        : launch_forward_kernel<T, Tr, false, kRead>(params, multiprocessors, stream);
+  });
   if (bias) {  // rows a NaN behind a -inf bias reached (common/bias_row_repair.cuh)
     launch_bias_row_repair<T>(params.p, stream);
     check_launch("bias_row_repair_kernel launch");

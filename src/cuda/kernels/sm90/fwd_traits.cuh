@@ -18,6 +18,21 @@ struct ForwardTmaParams {
   // varlen_tile_bound (src/cuda/kernels/common/varlen.cuh); CTA x takes head x / packed_tiles and
   // tile x % packed_tiles. The maps then describe the packed tensors as [1, H, total, D].
   int packed_tiles = 0;
+  // A 16-bit bias that varies over queries, as dims (Lk, Lq, H|1, B|1) with boxes of 64 keys by
+  // kBlockM rows; bias_tiles says the launcher could describe it (else the kernel reads the bias
+  // per score from global memory).
+  CUtensorMap bias;
+  bool bias_tiles = false;
+};
+
+// How a forward instantiation reads the bias (attention_forward_kernel's kBiasRead).
+enum class BiasRead {
+  none,    // no bias
+  global,  // each score's entry from global memory (fp32 biases, strides TMA cannot describe)
+  keys,    // broadcast over queries (a key-padding mask): each key tile's entries staged in
+           // shared memory by the consumers, one tile ahead
+  tiles,   // a 16-bit bias that varies over queries: [kBlockM x kBlockN] tiles loaded by TMA
+           // beside K and V into a ring of kStages shared-memory buffers
 };
 
 // Tile shape of one instantiation. kHeadDim bounds D and Dv (zero-filled beyond them by TMA).
@@ -39,12 +54,23 @@ struct FwdTraits {
   static constexpr int kKVBlockBytes = kBlockN * 128;
   static constexpr int kQBytes = kDBlocks * kQBlockBytes;
   static constexpr int kKVBytes = kDBlocks * kKVBlockBytes;  // one K or V stage
-  static constexpr int kBarriers = 2 + 4 * kStages;  // Q full/empty; K full/empty; V full/empty
+  // Q full/empty; K full/empty; V full/empty; bias tiles full/empty (used by BiasRead::tiles).
+  static constexpr int kBarriers = 2 + 6 * kStages;
   // A key-padding bias's entries of a key tile, fp32, double-buffered per consumer warpgroup.
   static constexpr int kKeyBiasBytes = 2 * kConsumers * kBlockN * 4;
-  // + 1024 so the tiles can be aligned to the 128-byte swizzle's 1024-byte period.
-  static constexpr int kSmemBytes =
-      1024 + kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + kKeyBiasBytes;
+  // A 16-bit bias tile of one stage: boxes of 64 keys (128 bytes, swizzled as Q) by kBlockM rows.
+  static constexpr int kBiasBoxBytes = kBlockM * 128;
+  static constexpr int kBiasTileBytes = kBlockN / 64 * kBiasBoxBytes;
+  // Shared memory of the kernel that reads the bias as kRead says: the Q buffer, the K/V ring,
+  // the bias ring (tiles), the barriers, the staged key entries (keys); + 1024 so the buffers
+  // can be aligned to the 128-byte swizzle's 1024-byte period.
+  template <BiasRead kRead>
+  static constexpr int smem_bytes() {
+    return 1024 + kQBytes + 2 * kStages * kKVBytes +
+           (kRead == BiasRead::tiles ? kStages * kBiasTileBytes : 0) + 8 * kBarriers +
+           (kRead == BiasRead::keys ? kKeyBiasBytes : 0);
+  }
+  static constexpr int kSmemBytes = smem_bytes<BiasRead::tiles>();  // the largest
   // Register split (setmaxnreg): the producer gives registers back and the consumers take them.
   // setmaxnreg.inc waits until the CTA's pool (what the launch allocated: kLaunchRegs per thread)
   // can serve it, so the split must fit in that pool or the consumers wait forever.
@@ -60,7 +86,8 @@ struct FwdTraits {
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1 to 3 consumer warpgroups");
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
                 "setmaxnreg split exceeds the registers allocated at launch");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+  static_assert(kSmemBytes <= 227 * 1024 && smem_bytes<BiasRead::keys>() <= 227 * 1024,
+                "shared memory per CTA");
 };
 
 // Tile shapes per head-dim bucket: kBlockM = 64 per consumer warpgroup, kBlockN keys per tile,
@@ -69,6 +96,8 @@ struct FwdTraits {
 //   96:  2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V (padded to 128 in smem)
 //   128: 2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V
 //   256: 2 consumers (128 rows),  64 keys, 2 stages:  64 KB Q + 128 KB K/V
+// A 16-bit bias that varies over queries (BiasRead::tiles) adds a ring of 128-row bias tiles,
+// one per stage: 2 x 32 KB (head dims 64-128), 2 x 16 KB (256); every bucket stays within 227 KB.
 template <int kHeadDim>
 struct FwdConfig;
 template <>

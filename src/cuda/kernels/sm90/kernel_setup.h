@@ -13,17 +13,17 @@
 
 namespace memeff::cuda::sm90 {
 
-// `Traits` gives kThreads, kSmemBytes and the split kProducerRegs + kConsumers·kConsumerRegs
-// (per thread of each 128-thread warpgroup). The consumers' setmaxnreg.inc would wait forever if
-// the launch allocated fewer registers than the split needs: refuse instead. `done` belongs to
-// one kernel; `name` ("sm90 forward kernel") goes into the messages.
+// `Traits` gives kThreads and the split kProducerRegs + kConsumers·kConsumerRegs
+// (per thread of each 128-thread warpgroup), `smem_bytes` the kernel's dynamic shared memory.
+// The consumers' setmaxnreg.inc would wait forever if the launch allocated fewer registers than
+// the split needs: refuse instead. `done` belongs to one kernel; `name` ("sm90 forward kernel")
+// goes into the messages.
 template <class Traits, class Kernel>
-void setup_warp_specialized(std::atomic<unsigned long long>& done, Kernel kernel,
+void setup_warp_specialized(std::atomic<unsigned long long>& done, Kernel kernel, int smem_bytes,
                             const char* name) {
   once_per_device(done, [&] {
     check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Traits::kSmemBytes),
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
         (std::string("cudaFuncSetAttribute(") + name + ", max dynamic shared memory)").c_str());
     cudaFuncAttributes attr{};
     check_cuda(cudaFuncGetAttributes(&attr, kernel),

@@ -116,6 +116,23 @@ void Family::forward(const ForwardParams& params, ElemType type, const DeviceCap
         tp.v, map_of(params.v, params.Hkv, params.Lk, params.Dv, params.v_stride, params.total_k),
         tile.block_n, "cuda_sm90 forward: `v`");
   }
+  // A 16-bit bias that varies over queries goes to the kernel in tiles by TMA where the driver
+  // can describe it (16-byte aligned base and row, head and batch strides, i.e. Lk a multiple
+  // of 8 when contiguous); any other bias is read per score (fwd_run.cuh picks the kernel).
+  if (params.bias != nullptr && !params.bias_is_fp32 && params.bias_stride.l != 0 &&
+      params.Lk > 0 && !packed) {
+    const Strides& s = params.bias_stride;
+    const TmaTensor bias{params.bias,
+                         bf16,
+                         s.b != 0 ? params.B : 1,
+                         s.h != 0 ? params.Hq : 1,
+                         params.Lq,
+                         params.Lk,
+                         s.b,
+                         s.h,
+                         s.l};
+    tp.bias_tiles = encode_tma_4d(tp.bias, bias, tile.block_m).empty();
+  }
   switch_instance(ForwardHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
     run_forward<typename I::T, I::kHeadDim>(tp, dev.multiprocessors, stream);
