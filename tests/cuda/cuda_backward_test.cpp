@@ -254,6 +254,32 @@ TEST_P(CudaBackward, BiasBroadcastsWithDbias) {
   }
 }
 
+TEST_P(CudaBackward, SixteenBitBiasOverQueriesManyBlocksEachHeadDim) {
+  // A bias in the inputs' dtype that varies over queries, with row strides TMA can describe: the
+  // Hopper backward loads it with each step's Q and dO into the step's dS buffer. Several query
+  // and key blocks (both dS buffers reused many times), a GQA group, both causal alignments,
+  // dropout, the bias gradient, fp16, and the deterministic mode.
+  int seed = 400;
+  for (std::int64_t D : {64, 128}) {
+    for (const char* pattern : {"bhqk", "11qk"}) {
+      for (CausalMode mode : {CausalMode::none, kTopLeft, kBottomRight}) {
+        KernelCase c = make({.B = 2, .Hq = 6, .Hkv = 2, .Lq = 300, .Lk = 520, .D = D,
+                             .causal = mode, .dropout = mode == kTopLeft ? 0.0 : 0.1});
+        c.bias = pattern;
+        c.bias_dtype = c.dtype;
+        check_case(c, static_cast<std::uint64_t>(++seed));
+      }
+    }
+  }
+  KernelCase half = make({.B = 2, .Hq = 4, .Hkv = 4, .Lq = 130, .Lk = 264, .D = 128,
+                          .causal = kBottomRight, .dropout = 0.1, .dtype = DType::f16});
+  half.bias = "1hqk";
+  half.bias_dtype = DType::f16;
+  check_case(half, 431);
+  half.deterministic = true;
+  check_case(half, 432);
+}
+
 TEST_P(CudaBackward, GroupedQueryHeads) {
   for (std::int64_t Hkv : {2, 1}) {
     KernelCase c = make(

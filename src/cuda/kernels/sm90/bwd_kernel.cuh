@@ -24,6 +24,12 @@
 // rows in shared memory follow K's rows, so dQ = dS·K sums the same keys, and dK, dV are
 // written through shared memory to their true rows.
 //
+// Bias: a 16-bit bias that varies over queries (kBiasTiles) is loaded by the producer with each
+// step's Q and dO, into the dS buffer that step will write (free by then: the same empty barrier
+// that frees the Q/dO stage follows the last dQ product reading it); each warpgroup reads its
+// 64 keys' entries from there and passes a barrier before its dS overwrites them. Any other bias
+// is read per score from global memory (BiasColumns; a key-padding bias once per block).
+//
 // Packed sequences (kPacked, params.h: cu_seqlens_q/k): the grid is (key tiles, Hkv) and CTA x
 // takes the key block of the varlen tile scheduler over cu_seqlens_k
 // (src/cuda/kernels/common/varlen.cuh), so a sequence gets one CTA per 128 of its keys (one with
@@ -124,10 +130,15 @@ __device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const B
   return &slot;
 }
 
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked>
+// kBiasTiles: a 16-bit bias that varies over queries arrives by TMA with each step's Q and dO,
+// into the step's dS buffer (see the producer below); else a bias is read per score.
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
+  static_assert(kBias || !kBiasTiles, "bias tiles are a bias");
+  static_assert(!kBiasTiles || Tr::kStages == 2,
+                "the bias of step it lands in dS buffer it % 2, freed with Q/dO stage it % 2");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
@@ -194,19 +205,37 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tid == 0 && items > 0) {
       prefetch_tensor_map(&tp.q);
       prefetch_tensor_map(&tp.dout);
+      if constexpr (kBiasTiles) prefetch_tensor_map(&tp.bias);
       for (int it = 0; it < items; ++it) {
         const int s = it % kStages;
         const std::uint32_t phase = (it / kStages) & 1;
         const int hg = it / m_count, m = m_begin + it % m_count;
         const int h = kvh * p.group + hg;
         mbar_wait(empty(s), phase ^ 1);
-        mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes);
+        mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes + (kBiasTiles ? Tr::kDsBytes : 0));
         // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
         const int row = m * kBlockM + (kPacked ? pk.q0 : 0), batch = kPacked ? 0 : b;
 #pragma unroll
         for (int db = 0; db < Tr::kDBlocks; ++db) {
           tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
           tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, row, h, batch);
+        }
+        if constexpr (kBiasTiles) {
+          // The step's bias entries into dS buffer s, which is free: the consumers arrive on
+          // empty(s) only after step it - 2's dQ products, the last reader of that buffer. Box
+          // (qb, w): queries 64·qb .. 64·qb + 63 of the block by the 64 keys of warpgroup w,
+          // a query per 128-byte row, in warpgroup w's rows of the buffer (its dS goes there
+          // later: it reads its bias first). A broadcast dimension has one index, 0; TMA
+          // zero-fills queries past Lq and keys past Lk.
+          const int bias_h = p.bias_stride.h != 0 ? h : 0, bias_b = p.bias_stride.b != 0 ? b : 0;
+          const std::uint32_t ds = base + Tr::kOffDs + s * Tr::kDsBytes;
+#pragma unroll
+          for (int qb = 0; qb < kBlockM / 64; ++qb)
+#pragma unroll
+            for (int w = 0; w < Tr::kConsumers; ++w) {
+              tma_load_4d(ds + qb * (kBlockN * 128) + w * 64 * 128, &tp.bias, full(s),
+                          static_cast<int>(n0) + 64 * w, row + 64 * qb, bias_h, bias_b);
+            }
         }
       }
     }
@@ -419,8 +448,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           float x;
           if constexpr (kBias) {
             // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
-            x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)),
-                     kLog2e, -lse2);
+            x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)), kLog2e,
+                     -lse2);
           } else {
             x = fmaf(sacc[n][r], p.scale_log2, -lse2);
           }
@@ -428,10 +457,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
     };
-    if constexpr (kBias) {
-      const BiasColumns<T> bc = bias_columns<T>(p.bias, p.bias_is_fp32,
-                                                bias_b + h * p.bias_stride.h, p.bias_stride.l,
-                                                m0, t, key0, p.Lq, p.Lk);
+    if constexpr (kBiasTiles) {
+      // This warpgroup's entries in the dS buffer (the producer's boxes): query 8n + 2t + e of
+      // the block in row 8(n % 8) + 2t + e of box n / 8, its keys key0, key0 + 1 (8g + 2·warp
+      // of the warpgroup's 64) in one 4-byte word of 16-byte chunk g, swizzled by the row.
+      const unsigned char* const tile = smem + Tr::kOffDs + buf * Tr::kDsBytes + wg * 64 * 128;
+      wgmma_wait<1>();
+      fence_operands(sacc);
+      scores_to_p([&](int n, int r) {
+        const int row = 8 * (n % 8) + 2 * t + (r & 1);
+        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
+            tile + (n / 8) * (kBlockN * 128) + row * 128 + (((g ^ row) & 7) << 4) + 4 * warp);
+        return (r >> 1) ? unpack_hi<T>(w) : unpack_lo<T>(w);
+      });
+    } else if constexpr (kBias) {
+      const BiasColumns<T> bc =
+          bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l, m0,
+                          t, key0, p.Lq, p.Lk);
       wgmma_wait<1>();
       fence_operands(sacc);
       if (bc.per_key()) {  // a key-padding mask: the two entries read above
@@ -530,6 +572,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // dSᵀ to shared memory: [query / 64][key row][64 queries], 16-byte chunks swizzled by row.
     {
+      // With bias tiles, every warp of the warpgroup has read its entries before any writes dS
+      // over them.
+      if constexpr (kBiasTiles) named_bar_sync(Tr::kBiasBarrier + wg, 128);
       unsigned char* const ds_buf = smem + Tr::kOffDs + buf * Tr::kDsBytes;
 #pragma unroll
       for (int n = 0; n < kNT; ++n)

@@ -19,9 +19,10 @@
 
 namespace memeff::cuda::sm90 {
 
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false>
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
+          bool kBiasTiles = false>
 void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked>;
+  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 backward kernel");
@@ -103,15 +104,19 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   const bool dbias_cross_cta =
       p.deterministic && ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p);
   const bool bias = p.bias != nullptr;
+  // A bias the launcher described for TMA (16-bit, varying over queries) comes in tiles.
+  const bool tiles = bias && tp.bias_tiles;
   if (packed) {  // no bias (the validators refuse one)
     p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
                   : launch_backward_kernel<T, Tr, false, false, true>(tp, false, stream);
   } else if (p.has_dropout) {
-    bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)
-         : launch_backward_kernel<T, Tr, true, false>(tp, dbias_cross_cta, stream);
+    tiles  ? launch_backward_kernel<T, Tr, true, true, false, true>(tp, dbias_cross_cta, stream)
+    : bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)
+           : launch_backward_kernel<T, Tr, true, false>(tp, dbias_cross_cta, stream);
   } else {
-    bias ? launch_backward_kernel<T, Tr, false, true>(tp, dbias_cross_cta, stream)
-         : launch_backward_kernel<T, Tr, false, false>(tp, dbias_cross_cta, stream);
+    tiles  ? launch_backward_kernel<T, Tr, false, true, false, true>(tp, dbias_cross_cta, stream)
+    : bias ? launch_backward_kernel<T, Tr, false, true>(tp, dbias_cross_cta, stream)
+           : launch_backward_kernel<T, Tr, false, false>(tp, dbias_cross_cta, stream);
   }
 
   // 4. dq (and a reduced dbias) in the output dtype.

@@ -41,6 +41,11 @@ struct BackwardTmaParams {
   // Packed calls: the query tiles per head of the preprocess and dq conversion grids (the tile
   // scheduler's bound over cu_seqlens_q); the main kernel's grid is (key tiles, Hkv).
   int packed_q_tiles = 0;
+  // A 16-bit bias that varies over queries, as dims (Lk, Lq, H|1, B|1) with boxes of 64 keys by
+  // 64 queries; bias_tiles says the launcher could describe it (else the kernel reads the bias
+  // per score from global memory through BiasColumns).
+  CUtensorMap bias;
+  bool bias_tiles = false;
 };
 
 // One instantiation: kHeadDim is the head-dim bucket (D and Dv zero-padded up to it), kBlockM the
@@ -91,10 +96,12 @@ struct BwdTraits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barrier ids: 0 is __syncthreads; 1 both consumer warpgroups (dS complete, K/V loaded);
-  // 2 + w warpgroup w's dQ staging buffer; 4 + w its lse/delta buffers.
+  // 2 + w warpgroup w's dQ staging buffer; 4 + w its lse/delta buffers; 6 + w its bias tile read
+  // (before its dS overwrites it).
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kDqBarrier = 2;
   static constexpr int kStatBarrier = 4;
+  static constexpr int kBiasBarrier = 6;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head-dim buckets 64 and 128");
   static_assert(kBlockM * kHeadDim == 2 * 64 * 64, "each consumer computes a 64 x 64 dQ block");
   static_assert(2 * kOutBytes <= kOffDq - kOffQ, "dK and dV staging fits the Q/dO/dS buffers");

@@ -47,6 +47,19 @@ int backward_bucket(const ForwardParams& p) {
   return BackwardHeadDims::bucket_of(std::max(p.D, p.Dv));
 }
 
+// The TMA map of a bias the kernels can load in tiles of box_rows queries by 64 keys: 16-bit
+// (the inputs' dtype), varying over queries, with a base and row, head and batch strides the
+// driver accepts (16-byte aligned: Lk a multiple of 8 when contiguous); a broadcast batch or head
+// is a dimension of one. False, with `map` unused, for any other bias: the kernels then read it
+// per score.
+bool encode_bias_tiles(CUtensorMap& map, const ForwardParams& p, bool bf16, int box_rows) {
+  if (p.bias == nullptr || p.bias_is_fp32 || p.bias_stride.l == 0) return false;
+  const Strides& s = p.bias_stride;
+  const TmaTensor bias{p.bias, bf16, s.b != 0 ? p.B : 1, s.h != 0 ? p.Hq : 1, p.Lq, p.Lk, s.b,
+                       s.h,    s.l};
+  return encode_tma_4d(map, bias, box_rows).empty();
+}
+
 [[noreturn]] void no_kernel(const char* pass, const ForwardParams& p) {
   throw Error(ErrorCode::unsupported, std::string("cuda_sm90 ") + pass +
                                           ": head dims D = " + std::to_string(p.D) +
@@ -116,22 +129,9 @@ void Family::forward(const ForwardParams& params, ElemType type, const DeviceCap
         tp.v, map_of(params.v, params.Hkv, params.Lk, params.Dv, params.v_stride, params.total_k),
         tile.block_n, "cuda_sm90 forward: `v`");
   }
-  // A 16-bit bias that varies over queries goes to the kernel in tiles by TMA where the driver
-  // can describe it (16-byte aligned base and row, head and batch strides, i.e. Lk a multiple
-  // of 8 when contiguous); any other bias is read per score (fwd_run.cuh picks the kernel).
-  if (params.bias != nullptr && !params.bias_is_fp32 && params.bias_stride.l != 0 &&
-      params.Lk > 0 && !packed) {
-    const Strides& s = params.bias_stride;
-    const TmaTensor bias{params.bias,
-                         bf16,
-                         s.b != 0 ? params.B : 1,
-                         s.h != 0 ? params.Hq : 1,
-                         params.Lq,
-                         params.Lk,
-                         s.b,
-                         s.h,
-                         s.l};
-    tp.bias_tiles = encode_tma_4d(tp.bias, bias, tile.block_m).empty();
+  // A 16-bit bias that varies over queries comes in tiles (fwd_run.cuh picks the kernel).
+  if (!packed && params.Lk > 0) {
+    tp.bias_tiles = encode_bias_tiles(tp.bias, params, bf16, tile.block_m);
   }
   switch_instance(ForwardHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
@@ -214,6 +214,8 @@ void Family::backward(const BackwardParams& params, void* workspace, ElemType ty
                          "cuda_sm90 backward: `q`");
   encode_tma_4d_or_throw(tp.dout, map_of(params.dout, params.Dv, params.dout_stride), block_m,
                          "cuda_sm90 backward: `dout`");
+  // A 16-bit bias that varies over queries comes in tiles of 64 queries by 64 keys.
+  if (!packed) tp.bias_tiles = encode_bias_tiles(tp.bias, params, bf16, 64);
   switch_instance(BackwardHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
     run_backward<typename I::T, I::kHeadDim>(tp, ws, stream);
