@@ -81,10 +81,17 @@ struct KeyMask {
   }
 };
 
+// The bias entry at `entry` (an fp32 one, or one of T).
+template <class T>
+__device__ __forceinline__ float load_bias_entry(const void* entry, bool is_fp32) {
+  return is_fp32 ? __ldg(static_cast<const float*>(entry))
+                 : to_float<T>(*static_cast<const T*>(entry));
+}
+
 template <class T>
 __device__ __forceinline__ float load_bias(const void* bias, bool is_fp32, std::int64_t index) {
-  return is_fp32 ? __ldg(static_cast<const float*>(bias) + index)
-                 : to_float<T>(static_cast<const T*>(bias)[index]);
+  return is_fp32 ? load_bias_entry<T>(static_cast<const float*>(bias) + index, true)
+                 : load_bias_entry<T>(static_cast<const T*>(bias) + index, false);
 }
 
 // The bias entries a backward thread reads in one query block: its two keys j_lo and j_lo + 1
@@ -107,9 +114,7 @@ struct BiasColumns {
   // Entry (m0 + 8n + 2t + e, j_lo + hh); c = 8n + e (the thread's 2t is in thread_base).
   __device__ __forceinline__ float at(int c, int t, int hh) const {
     if (c + 2 * t >= rows || !(hh ? hi_ok : lo_ok)) return 0.0f;
-    const unsigned char* ptr = thread_base + c * stride + hh * (fp32 ? 4 : sizeof(T));
-    return fp32 ? __ldg(reinterpret_cast<const float*>(ptr))
-                : to_float<T>(*reinterpret_cast<const T*>(ptr));
+    return load_bias_entry<T>(thread_base + c * stride + hh * (fp32 ? 4 : sizeof(T)), fp32);
   }
 };
 
@@ -129,13 +134,8 @@ __device__ __forceinline__ BiasColumns<T> bias_columns(const void* bias, bool is
   c.thread_base = static_cast<const unsigned char*>(bias) +
                   (head_offset + (m0 + 2 * t) * stride_l + j_lo) * size;
   if (c.per_key() && c.rows > 0) {
-    c.key_lo = c.lo_ok ? (is_fp32 ? __ldg(reinterpret_cast<const float*>(c.thread_base))
-                                  : to_float<T>(*reinterpret_cast<const T*>(c.thread_base)))
-                       : 0.0f;
-    const unsigned char* hi = c.thread_base + size;
-    c.key_hi = c.hi_ok ? (is_fp32 ? __ldg(reinterpret_cast<const float*>(hi))
-                                  : to_float<T>(*reinterpret_cast<const T*>(hi)))
-                       : 0.0f;
+    c.key_lo = c.lo_ok ? load_bias_entry<T>(c.thread_base, is_fp32) : 0.0f;
+    c.key_hi = c.hi_ok ? load_bias_entry<T>(c.thread_base + size, is_fp32) : 0.0f;
   }
   return c;
 }
