@@ -4,7 +4,9 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "memeff/error.h"
 
@@ -50,6 +52,18 @@ std::string encode_tma_4d(CUtensorMap& map, const TmaTensor& t, int box_rows) {
   const std::uint64_t s_h = stride_bytes(t.H, t.stride_h, s_l * static_cast<std::uint64_t>(t.L));
   const std::uint64_t s_b = stride_bytes(t.B, t.stride_b, s_h * static_cast<std::uint64_t>(t.H));
   const cuuint64_t strides[3] = {s_l, s_h, s_b};
+  // The encoder's own limits, checked here so that a tensor TMA cannot describe (a bias whose
+  // rows are not whole 16-byte units, say) is refused with a reason and never reaches the driver
+  // as an invalid call: a 16-byte aligned base, strides multiples of 16 bytes below 2^40.
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
+    return "the base address is not 16-byte aligned";
+  }
+  for (const std::uint64_t s : {s_l, s_h, s_b}) {
+    if (s % 16 != 0 || s >= (std::uint64_t{1} << 40)) {
+      return "byte strides (" + std::to_string(s_l) + ", " + std::to_string(s_h) + ", " +
+             std::to_string(s_b) + ") are not all multiples of 16 below 2^40";
+    }
+  }
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   auto encode_map = [&] {
