@@ -5,6 +5,7 @@
 # changing nothing; the errors naming window_size, alibi_slopes and softcap; torch.compile
 # (fullgraph). The CUDA kernels refuse the three for now: there these tests skip on that refusal
 # (and run once the kernels take them), and a call must fail with the backends' reasons.
+import warnings
 from itertools import accumulate
 
 import pytest
@@ -200,3 +201,19 @@ def test_a_bottom_right_window_is_refused_with_global_coordinates():
     with pytest.raises(ValueError, match="window"):
         torch.ops.memeff.fwd(q, q, q, None, None, 0.0, "none", None, [], q_start=8,
                              window_left=2, window_right=0)
+
+
+def test_slopes_that_require_grad_are_told_they_get_none():
+    # memeff computes no gradient for the slopes (docs/window.md): a learnable slope would stay
+    # as it is without a word, so the op warns; detached slopes, or no grad mode, say nothing.
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    slopes = alibi(2).requires_grad_()
+    with pytest.warns(UserWarning, match="alibi_slopes.*no gradient"):
+        out = mt.scaled_dot_product_attention(q, q, q, alibi_slopes=slopes)
+    out.sum().backward()
+    assert slopes.grad is None and q.grad is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mt.scaled_dot_product_attention(q, q, q, alibi_slopes=slopes.detach())
+        with torch.no_grad():
+            mt.scaled_dot_product_attention(q, q, q, alibi_slopes=slopes)

@@ -26,6 +26,7 @@ transformers. ``activate()`` puts memeff inside torch's own
 import contextlib
 import math
 import threading
+import warnings
 from collections import namedtuple
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -272,6 +273,11 @@ def _score_modifiers(window_size, alibi_slopes, softcap, q: torch.Tensor) -> dic
         if alibi_slopes.device != q.device:
             raise ValueError(f"memeff: argument `alibi_slopes`: expected it on {q.device} (the "
                              f"device of the query), got {alibi_slopes.device}")
+        if alibi_slopes.requires_grad and torch.is_grad_enabled():
+            warnings.warn("memeff: argument `alibi_slopes` requires grad, but memeff computes no "
+                          "gradient for the slopes (nor does FlashAttention): they receive none "
+                          "and stay as they are; pass alibi_slopes.detach() to say so",
+                          stacklevel=3)
         kwargs["alibi_slopes"] = alibi_slopes
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"memeff: argument `softcap`: expected a number (0: off), got "
@@ -325,7 +331,7 @@ def scaled_dot_product_attention(
         causal mode does (0 for top_left, Lk - Lq for bottom_right and for no causal mask); -1
         leaves a side unbounded, a causal mode caps right at 0. Default: no window.
       alibi_slopes: fp32 [Hq] or [B, Hq] on query's device: the score gains
-        -slope·|i + shift - j| (ALiBi). No gradient.
+        -slope·|i + shift - j| (ALiBi). No gradient (a warning says so when they require one).
       softcap: > 0 maps each scaled score s = scale·q·k to softcap·tanh(s / softcap) before the
         mask, ALiBi and masking (Gemma-2); 0 (default) is off.
       These three are docs/window.md; the CUDA kernels refuse them for now (the error lists each
