@@ -1,6 +1,7 @@
 // The gpu tests' fused-kernel cases on the host (CUDA-free; the device runs stay in tests/cuda):
-// a case (shapes, mask, bias, dropout, dtypes, layout, scale, backward flags, backend), its inputs,
-// and the double-precision reference's out, lse and gradients on the same rounded values.
+// a case (shapes, mask, bias, dropout, dtypes, layout, scale, window, ALiBi, softcap, backward
+// flags, backend), its inputs, and the double-precision reference's out, lse and gradients on the
+// same rounded values.
 #pragma once
 
 #include <cmath>
@@ -32,13 +33,22 @@ struct KernelCase {
   bool deterministic = false;  // Options::deterministic for the backward
   bool device_rng = false;     // the backward reads seed and offset from device memory
   std::string backend = "cuda";
+  // Score modifiers (docs/window.md): the window, ALiBi slopes "none", "h" ([Hq]) or "bh"
+  // ([B, Hq]), the softcap (0: off).
+  Window window{};
+  std::string alibi = "none";
+  double softcap = 0.0;
 
   std::int64_t dv() const { return Dv < 0 ? D : Dv; }
   bool has_bias() const { return bias != "none"; }
   std::vector<std::int64_t> bias_shape() const { return test::bias_shape(bias, B, Hq, Lq, Lk); }
+  std::vector<std::int64_t> slopes_shape() const {
+    return alibi == "bh" ? std::vector<std::int64_t>{B, Hq} : std::vector<std::int64_t>{Hq};
+  }
   // The call's arguments over these views, the mask drawn from seed at offset.
   AttentionArgs args(const TensorView& q, const TensorView& k, const TensorView& v,
-                     std::optional<TensorView> bias_view) const {
+                     std::optional<TensorView> bias_view,
+                     std::optional<TensorView> slopes_view = std::nullopt) const {
     AttentionArgs a;
     a.q = q;
     a.k = k;
@@ -48,6 +58,9 @@ struct KernelCase {
     a.causal = causal;
     a.dropout_p = dropout;
     a.rng = {seed, offset};
+    a.window = window;
+    a.alibi_slopes = slopes_view;
+    a.softcap = softcap;
     return a;
   }
   std::string describe() const {
@@ -58,16 +71,20 @@ struct KernelCase {
        << (has_bias() ? std::string("/") + dtype_name(bias_dtype) : "")
        << (layout == Layout::blhd ? " blhd" : " bhld");
     if (!std::isnan(scale)) os << " scale=" << scale;
+    if (window.bounded()) os << " window=" << window.left << "," << window.right;
+    if (alibi != "none") os << " alibi=" << alibi;
+    if (softcap > 0.0) os << " softcap=" << softcap;
     os << (deterministic ? " deterministic" : "") << (device_rng ? " device-rng" : "");
     return os.str();
   }
 };
 
 // A case's inputs: q, k, v (and dout, when asked for) uniform in [-1, 1), then the bias (when the
-// case has one) in [-2, 2), drawn in that order from data_seed.
+// case has one) in [-2, 2), then the ALiBi slopes (when it has them) in [0.01, 0.5), drawn in that
+// order from data_seed.
 struct KernelInputs {
   HostTensor q, k, v;
-  std::optional<HostTensor> dout, bias;
+  std::optional<HostTensor> dout, bias, slopes;
 
   KernelInputs(const KernelCase& c, std::uint64_t data_seed, bool with_dout)
       : q(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout),
@@ -82,6 +99,10 @@ struct KernelInputs {
     if (c.has_bias()) {
       bias.emplace(c.bias_dtype, c.bias_shape());
       fill_uniform(*bias, rng, -2.0, 2.0);
+    }
+    if (c.alibi != "none") {
+      slopes.emplace(DType::f32, c.slopes_shape());
+      fill_uniform(*slopes, rng, 0.01, 0.5);  // ALiBi's slopes lie in (0, 1)
     }
   }
 };
@@ -100,7 +121,8 @@ struct KernelReference {
     std::optional<HostTensor> bias;
     if (in.bias) bias = converted(*in.bias, DType::f64);
     const AttentionArgs args =
-        c.args(q.view, k.view, v.view, bias ? std::optional(bias->view) : std::nullopt);
+        c.args(q.view, k.view, v.view, bias ? std::optional(bias->view) : std::nullopt,
+               in.slopes ? std::optional(in.slopes->view) : std::nullopt);
     forward(args, out.view, lse.view, only({"reference"}));
     if (!in.dout) return;
 

@@ -43,6 +43,11 @@ struct PackedConfig {
     for (auto l : seqlens_q) s += " " + std::to_string(l);
     s += " k";
     for (auto l : lens_k()) s += " " + std::to_string(l);
+    if (window.bounded()) {
+      s += " window " + std::to_string(window.left) + "," + std::to_string(window.right);
+    }
+    if (alibi) s += " alibi";
+    if (softcap > 0) s += " softcap " + std::to_string(softcap);
     return s;
   }
 };

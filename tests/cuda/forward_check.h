@@ -36,10 +36,12 @@ inline ForwardResult run_forward_case(const KernelCase& c, std::uint64_t data_se
   poison(out);
   poison(lse);
   DeviceTensor q(in.q), k(in.k), v(in.v), d_out(out), d_lse(lse);
-  std::optional<DeviceTensor> bias;
+  std::optional<DeviceTensor> bias, slopes;
   if (in.bias) bias.emplace(*in.bias);
+  if (in.slopes) slopes.emplace(*in.slopes);
   const AttentionArgs args =
-      c.args(q.view, k.view, v.view, bias ? std::optional(bias->view) : std::nullopt);
+      c.args(q.view, k.view, v.view, bias ? std::optional(bias->view) : std::nullopt,
+             slopes ? std::optional(slopes->view) : std::nullopt);
   options.backends = {c.backend};
   const CallInfo info = forward(args, d_out.view, d_lse.view, options);
   EXPECT_EQ(info.backend, c.backend);

@@ -53,6 +53,99 @@ TEST(KeyMask, TripCountsCoverExactlyTheVisibleTiles) {
   }
 }
 
+// The rule with a window (docs/window.md): reaches left and right around the diagonal i + shift,
+// ScoreMods::kUnbounded for a side without a bound; causal caps the right one at 0.
+bool sees(std::int64_t i, std::int64_t j, std::int64_t Lk, bool causal, std::int64_t shift,
+          std::int64_t left, std::int64_t right) {
+  const std::int64_t d = i + shift;
+  return j >= 0 && j < Lk && j >= d - left && j <= d + (causal ? 0 : right);
+}
+
+// Every combination of the window's trip counts, tile tests, masks and single-key rows against a
+// brute-force walk of the rule, on small tiles, for bounded and unbounded sides and shifts that
+// put the diagonal before, inside and after the keys.
+TEST(KeyMaskWindow, TripCountsTilesAndRowsFollowTheRule) {
+  constexpr int kBlockM = 16, kBlockN = 8;
+  constexpr std::int64_t kNone = ScoreMods::kUnbounded;
+  const int m_blocks = 6;
+  for (bool causal : {false, true}) {
+    for (std::int64_t Lk : {0, 1, 7, 8, 9, 40}) {
+      for (std::int64_t shift : {-50, -9, -1, 0, 3, 8, 33}) {
+        for (std::int64_t left :
+             {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{17}, kNone}) {
+          for (std::int64_t right : {std::int64_t{0}, std::int64_t{2}, std::int64_t{9}, kNone}) {
+            const KeyMask mask{causal, Lk, shift, left, right};
+            auto rule = [&](std::int64_t i, std::int64_t j) {
+              return sees(i, j, Lk, causal, shift, left, right);
+            };
+            const std::string what = "causal " + std::to_string(causal) + " Lk " +
+                                     std::to_string(Lk) + " shift " + std::to_string(shift) +
+                                     " left " + std::to_string(left) + " right " +
+                                     std::to_string(right);
+            // Does query block m see a key of key tile n?
+            auto block_sees_tile = [&](int m, int n) {
+              for (std::int64_t i = m * kBlockM; i < (m + 1) * kBlockM; ++i)
+                for (std::int64_t j = n * kBlockN; j < (n + 1) * kBlockN; ++j)
+                  if (rule(i, j)) return true;
+              return false;
+            };
+            const int key_blocks = static_cast<int>((Lk + kBlockN - 1) / kBlockN);
+            for (int m = 0; m < m_blocks; ++m) {
+              const std::int64_t m0 = m * kBlockM;
+              const BlockRange tiles = mask.key_tile_range<kBlockM, kBlockN>(m0);
+              for (int n = 0; n < key_blocks + 2; ++n) {
+                const bool in = n >= tiles.begin && n < tiles.end;
+                EXPECT_EQ(in, block_sees_tile(m, n)) << what << " m " << m << " tile " << n;
+                // A tile needs the element mask unless every (row, key) of it is visible.
+                bool all = true;
+                for (std::int64_t i = m0; i < m0 + kBlockM; ++i)
+                  for (std::int64_t j = n * kBlockN; j < (n + 1) * kBlockN; ++j) all &= rule(i, j);
+                EXPECT_EQ((mask.tile_needs_mask<kBlockM, kBlockN>(m0, n * kBlockN)), !all)
+                    << what << " m " << m << " tile " << n;
+              }
+            }
+            // The backward's range of query blocks per key block: the same pairs, so the key
+            // blocks adding into query block m's dQ are the run [first tile, end) of m's range
+            // (the deterministic turns count from its first).
+            for (int n = 0; n < key_blocks; ++n) {
+              const BlockRange blocks = mask.query_blocks<kBlockM, kBlockN>(n * kBlockN, m_blocks);
+              for (int m = 0; m < m_blocks; ++m) {
+                const bool in = m >= blocks.begin && m < blocks.end;
+                EXPECT_EQ(in, block_sees_tile(m, n)) << what << " key block " << n << " m " << m;
+              }
+            }
+            for (std::int64_t i = -3; i < 40; ++i) {
+              const detail::KeySpan keys = mask.keys_of_row(i);
+              std::int64_t count = 0;
+              for (std::int64_t j = 0; j < Lk; ++j) {
+                count += rule(i, j);
+                if (rule(i, j)) EXPECT_TRUE(j >= keys.begin && j < keys.end) << what;
+              }
+              EXPECT_EQ(keys.size(), count) << what << " row " << i;
+            }
+            for (std::int64_t j = 0; j < Lk; ++j) {
+              const detail::KeySpan rows = mask.rows_of_key(j);
+              for (std::int64_t i = -60; i < 60; ++i) {
+                EXPECT_EQ(i >= rows.begin && i < rows.end, rule(i, j))
+                    << what << " key " << j << " row " << i;
+              }
+            }
+            // Single-key columns of a 16-tile fragment (columns 8n + e) from a few first rows.
+            for (std::int64_t i0 : {-140, -70, -9, 0, 6, 31}) {
+              const std::uint32_t bits = mask.single_key_rows<16>(i0);
+              for (int c2 = 0; c2 < 32; ++c2) {
+                const std::int64_t i = i0 + 8 * (c2 / 2) + (c2 & 1);
+                EXPECT_EQ((bits >> c2) & 1u, mask.keys_of_row(i).size() == 1 ? 1u : 0u)
+                    << what << " row " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(HeadDims, TheSmallestBucketThatHoldsTheHeadDim) {
   using Dims = HeadDims<64, 96, 128, 256>;
   EXPECT_EQ(Dims::largest, 256);

@@ -17,7 +17,8 @@ cuda::DeviceCaps caps_of(const cuda::ComputeCapability& cc) {
 }  // namespace
 
 std::vector<std::string> fused_problem_reasons(const Problem& pb, const char* backend,
-                                               cuda::DeviceCaps& caps, bool& usable) {
+                                               bool score_modifiers, cuda::DeviceCaps& caps,
+                                               bool& usable) {
   std::vector<std::string> reasons;
   usable = false;
   if (pb.device.type != DeviceType::cuda) {
@@ -38,10 +39,12 @@ std::vector<std::string> fused_problem_reasons(const Problem& pb, const char* ba
     reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
                       ": must be fp32 or the dtype of q");
   }
-  // Window, ALiBi and softcap run on the host backends so far (issue 26): refuse them here, for
-  // every fused family and the split-KV forward, rather than ignore them.
-  const std::vector<std::string> modifiers = score_modifier_reasons(pb, backend);
-  reasons.insert(reasons.end(), modifiers.begin(), modifiers.end());
+  // Window, ALiBi and softcap (issue 26): the sm90 kernels run them; the sm80 ones and the
+  // split-KV forward refuse them here rather than ignore them.
+  if (!score_modifiers) {
+    const std::vector<std::string> modifiers = score_modifier_reasons(pb, backend);
+    reasons.insert(reasons.end(), modifiers.begin(), modifiers.end());
+  }
   if (pb.has_dropout() && pb.k_start % 64 != 0) {
     reasons.push_back("k_start " + std::to_string(pb.k_start) +
                       " with dropout: the fused kernels draw the mask in whole 64-key blocks of "

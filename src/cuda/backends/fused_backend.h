@@ -20,12 +20,13 @@
 namespace memeff::detail {
 
 // Reasons any fused kernel refuses a problem before its family's own checks: not a CUDA device,
-// fp32 or other dtypes, misaligned views, a bias of a third dtype, window/ALiBi/softcap (not in
-// the kernels yet; `backend` names the kernels in the reason), dropout at a k_start off the
-// 64-key blocks, no device code for the device. Sets `caps` when the device could be read (then
-// `usable` is true).
+// fp32 or other dtypes, misaligned views, a bias of a third dtype, window/ALiBi/softcap where the
+// kernels lack them (`score_modifiers` false; `backend` names the kernels in the reason), dropout
+// at a k_start off the 64-key blocks, no device code for the device. Sets `caps` when the device
+// could be read (then `usable` is true).
 std::vector<std::string> fused_problem_reasons(const Problem& pb, const char* backend,
-                                               cuda::DeviceCaps& caps, bool& usable);
+                                               bool score_modifiers, cuda::DeviceCaps& caps,
+                                               bool& usable);
 // ErrorCode::unsupported: "<backend> <pass> cannot run these tensors: <reasons>".
 [[noreturn]] void throw_cannot_run(const char* backend, Pass pass,
                                    const std::vector<std::string>& reasons);
@@ -42,7 +43,9 @@ class FusedBackend final : public CudaBackendBase {
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
     cuda::DeviceCaps caps;
     bool usable = false;
-    std::vector<std::string> reasons = fused_problem_reasons(pb, Family::kBackend, caps, usable);
+    // The sm90 backward does not have them yet: its pass still refuses them.
+    std::vector<std::string> reasons = fused_problem_reasons(
+        pb, Family::kBackend, Family::kScoreModifiers && pass == Pass::forward, caps, usable);
     if (!usable) return reasons;
     const std::vector<std::string> family =
         pass == Pass::forward ? Family::forward_reasons(cuda::forward_params(pb), caps)

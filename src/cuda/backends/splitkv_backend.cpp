@@ -34,7 +34,8 @@ class SplitKvBackend final : public CudaBackendBase {
     }
     cuda::DeviceCaps caps;
     bool usable = false;
-    std::vector<std::string> reasons = fused_problem_reasons(pb, SplitKv::kBackend, caps, usable);
+    std::vector<std::string> reasons =
+        fused_problem_reasons(pb, SplitKv::kBackend, /*score_modifiers=*/false, caps, usable);
     if (!usable) return reasons;
     const std::vector<std::string> own = SplitKv::forward_reasons(cuda::forward_params(pb), caps);
     reasons.insert(reasons.end(), own.begin(), own.end());

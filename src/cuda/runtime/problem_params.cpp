@@ -35,6 +35,26 @@ Causal causal_of(CausalMode mode) {
   return Causal::none;
 }
 
+// The window's reach, ALiBi's presence and the softcap's factors (the slopes' pointer comes with
+// the views). The window's flag stays off where the causal mask is its only bound.
+void fill_score_mods(ScoreMods& m, const Problem& pb) {
+  static_assert(ScoreMods::kUnbounded == Problem::kWindowCap, "one cap for an unbounded side");
+  const bool causal = pb.causal != CausalMode::none;
+  if (pb.window_left >= 0 || (!causal && pb.window_right >= 0)) {
+    m.flags |= ScoreMods::kWindow;
+    m.left_reach = pb.window_left >= 0 ? pb.window_left : ScoreMods::kUnbounded;
+    m.right_reach = causal ? 0 : (pb.window_right >= 0 ? pb.window_right : ScoreMods::kUnbounded);
+  }
+  if (pb.has_alibi) m.flags |= ScoreMods::kAlibi;
+  // The cap of scale·q·k = 0 is 0: with scale 0 the cap changes nothing.
+  if (pb.has_softcap() && pb.scale != 0.0) {
+    m.flags |= ScoreMods::kSoftcap;
+    m.softcap_in = static_cast<float>(pb.scale / pb.softcap);
+    m.softcap_out = static_cast<float>(pb.softcap / pb.scale);
+    m.softcap_exp2 = static_cast<float>(2.0 * std::numbers::log2e * pb.scale / pb.softcap);
+  }
+}
+
 void fill_from_problem(ForwardParams& p, const Problem& pb) {
   p.B = static_cast<int>(pb.B);
   p.Hq = static_cast<int>(pb.Hq);
@@ -48,7 +68,8 @@ void fill_from_problem(ForwardParams& p, const Problem& pb) {
   p.scale = static_cast<float>(pb.scale);
   p.scale_log2 = static_cast<float>(pb.scale * std::numbers::log2e);
   p.causal = causal_of(pb.causal);
-  p.causal_shift = pb.causal_shift();
+  p.causal_shift = pb.position_shift();  // the causal mask's diagonal where it has one
+  fill_score_mods(p.mods, pb);
   p.has_dropout = pb.has_dropout();
   p.keep_threshold = pb.dropout.threshold;
   p.keep_scale = static_cast<float>(pb.dropout.keep_scale);
@@ -84,6 +105,12 @@ void fill_from_views(ForwardParams& p, const AttentionArgs& args, const TensorVi
   if (args.bias) {
     p.bias = args.bias->data;
     p.bias_stride = strides_of(*args.bias);
+  }
+  if (args.alibi_slopes) {  // [Hq] or [B, Hq] ([S, Hq] packed), fp32
+    const TensorView& s = *args.alibi_slopes;
+    p.mods.alibi_slopes = static_cast<const float*>(s.data);
+    p.mods.alibi_stride_b = s.rank == 2 ? s.stride[0] : 0;
+    p.mods.alibi_stride_h = s.stride[s.rank - 1];
   }
   p.seed = args.rng.seed;
   p.offset = args.rng.offset;

@@ -24,6 +24,7 @@
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/score_modifiers.cuh"
 #include "cuda/kernels/common/types.cuh"
 
 namespace memeff::cuda {
@@ -32,7 +33,8 @@ inline constexpr int kRepairThreads = 256;  // rows scanned per block; its 8 war
 inline constexpr int kRepairMaxDv = 256;    // output columns: 8 per lane
 
 // Row i of (b, h) of a dense biased forward, recomputed by one warp: lane l takes the dimensions
-// l, l + 32, ... of each dot product and of the output. Writes out and lse.
+// l, l + 32, ... of each dot product and of the output, with the window, ALiBi and softcap of
+// the call (ScoreMods). Writes out and lse.
 template <class T>
 __device__ void recompute_biased_row(const ForwardParams& p, int b, int h, std::int64_t i,
                                      int lane) {
@@ -44,13 +46,18 @@ __device__ void recompute_biased_row(const ForwardParams& p, int b, int h, std::
   const std::int64_t bias_row = b * p.bias_stride.b + h * p.bias_stride.h + i * p.bias_stride.l;
   const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + h;
   const detail::DropoutKey key = p.has_dropout ? dropout_key_of(p) : detail::DropoutKey{0, 0};
-  const std::int64_t j_end = p.causal != Causal::none ? min(p.Lk, i + p.causal_shift + 1) : p.Lk;
+  // The row's keys under the causal mask and the window; its ALiBi slope (score_modifiers.cuh).
+  const detail::KeySpan keys =
+      KeyMask{is_causal(p), p.Lk, p.causal_shift, p.mods.left_reach, p.mods.right_reach}
+          .keys_of_row(i);
+  const bool alibi = (p.mods.flags & ScoreMods::kAlibi) != 0;
+  const float slope = alibi ? alibi_slope(p.mods, b, h) : 0.0f;
   float acc[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   bool nan_row = false;
-  for (std::int64_t j = 0; j < j_end; ++j) {
+  for (std::int64_t j = keys.begin; j < keys.end; ++j) {
     const float bv = load_bias<T>(p.bias, p.bias_is_fp32, bias_row + j);
     if (bv == -INFINITY) continue;  // masked, whatever the score holds
     const T* kr = k + j * p.k_stride.l;
@@ -58,7 +65,12 @@ __device__ void recompute_biased_row(const ForwardParams& p, int b, int h, std::
     for (int d = lane; d < p.D; d += 32) dot = fmaf(to_float<T>(q[d]), to_float<T>(kr[d]), dot);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
-    const float x = fmaf(dot, p.scale, bv);
+    // The cap of q·k with tanhf (this pass is rare; the kernels' tanh is as accurate where it
+    // matters, score_modifiers.cuh), then scale and bias, then ALiBi, as the fused kernels.
+    if (p.mods.flags & ScoreMods::kSoftcap)
+      dot = tanhf(dot * p.mods.softcap_in) * p.mods.softcap_out;
+    float x = fmaf(dot, p.scale, bv);
+    if (alibi) x = fmaf(-slope, fabsf(static_cast<float>(i + p.causal_shift - j)), x);
     if (isnan(x) || x == INFINITY) {  // a key the row sees: the row is NaN
       nan_row = true;
       break;

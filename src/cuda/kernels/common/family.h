@@ -2,6 +2,7 @@
 // fused_backend.h), each as a struct `Family` of static functions in its own namespace:
 //
 //   static constexpr const char* kBackend;             // the backend's name ("cuda")
+//   static constexpr bool kScoreModifiers;             // runs window, ALiBi, softcap (ScoreMods)
 //   static std::vector<std::string> forward_reasons(const ForwardParams&, const DeviceCaps&);
 //   static std::vector<std::string> backward_reasons(const BackwardParams&, const DeviceCaps&);
 //   static std::size_t backward_workspace_bytes(const BackwardParams&);

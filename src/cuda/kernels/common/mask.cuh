@@ -12,6 +12,7 @@
 
 #include "core/hostdevice.h"
 #include "core/visible_keys.h"
+#include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/types.cuh"
 
 namespace memeff::cuda {
@@ -47,20 +48,44 @@ __device__ __forceinline__ void mask_scores(float (&s)[kNT][4], std::int64_t row
 
 using detail::sees_one_key;  // rows whose dS is exactly 0 (core/visible_keys.h)
 
+// A range [begin, end) of tiles or blocks; empty when end <= begin.
+struct BlockRange {
+  int begin = 0, end = 0;
+  MEMEFF_HD int count() const { return end > begin ? end - begin : 0; }
+};
+
 // The mask of one sequence as a policy over tiles: the trip counts of the kernels' loops, so no
-// kernel spells out the causal arithmetic of its bounds. Query i sees key j iff j < Lk and, when
-// causal, j <= i + shift. Inside the main loops the kernels test a tile (does it cross the end
-// of the keys or the diagonal?) and mask it with mask_scores in place: built there, a KeyMask
-// kept its copies of Lk and the shift in registers through the loop (ptxas, sm_90a: the sm90
-// backward with bias spilled up to 440 bytes more), while the trip counts below, taken once per
-// CTA, compile to the code they replaced.
+// kernel spells out the causal arithmetic of its bounds. Query i sees key j iff j < Lk, when
+// causal j <= i + shift, and within a window (ScoreMods) i + shift - left <= j <= i + shift +
+// right; left and right default to no bound. Inside the main loops the kernels test a tile (does
+// it cross the end of the keys or the diagonal?) and mask it with mask_scores in place: built
+// there, a KeyMask kept its copies of Lk and the shift in registers through the loop (ptxas,
+// sm_90a: the sm90 backward with bias spilled up to 440 bytes more), while the trip counts below,
+// taken once per CTA or work item, compile to the code they replaced. A window's tile test and
+// mask (tile_needs_mask, score_modifiers.cuh) build one inside the window's own branch.
 struct KeyMask {
   bool causal;
   std::int64_t Lk;     // keys of the sequence
-  std::int64_t shift;  // the causal diagonal: i + shift is the last key query i sees
+  std::int64_t shift;  // the diagonal: key i + shift (the last key query i sees, when causal)
+  std::int64_t left = ScoreMods::kUnbounded, right = ScoreMods::kUnbounded;  // the window's reach
 
-  // Key tiles [0, n) of kBlockN keys of which some row of the query block [m0, m0 + kBlockM)
-  // sees a key: the forward's trip count over key tiles.
+  // How far right of the diagonal a row sees: a causal mask caps the window's side at 0.
+  MEMEFF_HD std::int64_t right_reach() const { return causal ? 0 : right; }
+
+  // Key tiles [first, end) of kBlockN keys of which some row of the query block [m0, m0 + kBlockM)
+  // sees a key (every row of the block counts, also rows past the queries' end): the forward's
+  // trip count over key tiles. Rows see [i + shift - left, i + shift + right], moving by one key
+  // per row, so the block sees [m0 + shift - left, m0 + kBlockM - 1 + shift + right], within
+  // [0, Lk).
+  template <int kBlockM, int kBlockN>
+  MEMEFF_HD BlockRange key_tile_range(std::int64_t m0) const {
+    const std::int64_t lo = m0 + shift - left;
+    const std::int64_t n_begin = lo > 0 ? lo : 0;
+    const std::int64_t n_end = min(Lk, m0 + kBlockM + shift + right_reach());
+    if (n_end <= n_begin) return {};
+    return {static_cast<int>(n_begin / kBlockN), static_cast<int>((n_end + kBlockN - 1) / kBlockN)};
+  }
+  // Key tiles [0, n) as key_tile_range without a window (the first is 0), by the right side alone.
   template <int kBlockM, int kBlockN>
   MEMEFF_HD int key_tiles(std::int64_t m0) const {
     std::int64_t n_end = Lk;  // keys [0, n_end) can be visible to some row of the block
@@ -68,16 +93,75 @@ struct KeyMask {
     return n_end > 0 ? static_cast<int>((n_end + kBlockN - 1) / kBlockN) : 0;
   }
 
+  // The query blocks of kBlockM rows (of `m_blocks`) with a row that sees a key of the key block
+  // [n0, n0 + kBlockN): the backward's trip count over query blocks. The same pairs as
+  // key_tile_range: query block m is in the range of key block n0 / kBlockN exactly when that
+  // key tile is in block m's range (kernel_host_logic_test.cu checks both against the rule).
+  template <int kBlockM, int kBlockN>
+  MEMEFF_HD BlockRange query_blocks(std::int64_t n0, int m_blocks) const {
+    BlockRange r{first_query_block<kBlockM>(n0, m_blocks), m_blocks};
+    // The last row that sees a key of the block: i + shift - left <= min(n0 + kBlockN, Lk) - 1.
+    const std::int64_t last_row = min(n0 + kBlockN, Lk) - 1 - shift + left;
+    if (last_row < 0) return {r.begin, 0};
+    if (last_row / kBlockM + 1 < m_blocks) r.end = static_cast<int>(last_row / kBlockM + 1);
+    return r;
+  }
+
   // The first of `m_blocks` query blocks of kBlockM rows with a row that sees key n0 (and so
-  // any key of the block starting there): the backward's trip count over query blocks starts
-  // here (m_blocks when none does).
+  // any key of the block starting there), by the right side alone (m_blocks when none does).
   template <int kBlockM>
   MEMEFF_HD int first_query_block(std::int64_t n0, int m_blocks) const {
-    if (!causal) return 0;
-    const std::int64_t need = n0 - shift - (kBlockM - 1);  // the smallest m·kBlockM it takes
+    if (!causal && right >= ScoreMods::kUnbounded) return 0;
+    // The smallest m·kBlockM it takes: some row i <= m·kBlockM + kBlockM - 1 has n0 <= i + shift
+    // + right_reach().
+    const std::int64_t need = n0 - shift - right_reach() - (kBlockM - 1);
     if (need <= 0) return 0;
     return static_cast<int>(
         min((need + kBlockM - 1) / kBlockM, static_cast<std::int64_t>(m_blocks)));
+  }
+
+  // Whether some (row, key) of the tile rows [m0, m0 + kRows) x keys [n0, n0 + kCols) is not
+  // visible, so the tile needs an element mask.
+  template <int kRows, int kCols>
+  MEMEFF_HD bool tile_needs_mask(std::int64_t m0, std::int64_t n0) const {
+    return n0 + kCols > Lk || n0 + kCols - 1 > m0 + shift + right_reach() ||
+           n0 < m0 + (kRows - 1) + shift - left;
+  }
+
+  // The keys query row i sees (core/visible_keys.h; a side at kUnbounded bounds nothing).
+  MEMEFF_HD detail::KeySpan keys_of_row(std::int64_t i) const {
+    return detail::visible_key_span(i, Lk, causal, shift, left, right);
+  }
+  // Bit 2n + e: query row i0 + 8n + e sees exactly one key (n < kNT, e < 2: the columns of a
+  // thread's Sᵀ fragment when i0 = m0 + 2t; kNT <= 16). Row i sees [max(0, X), min(Lk, Y)) with
+  // X = i + shift - left, Y = i + shift + right + 1: one key when X >= 0 and min(Lk - X, Y - X)
+  // is 1, or when X < 0 and min(Lk, Y) is 1. 64-bit arithmetic once, then 32-bit compares per
+  // column with clamped values (what a test of c < 128 columns needs of them): the per-row
+  // keys_of_row spilled in the sm90 backward.
+  template <int kNT>
+  MEMEFF_HD std::uint32_t single_key_rows(std::int64_t i0) const {
+    auto clamp256 = [](std::int64_t v) {
+      return static_cast<int>(v < -256 ? -256 : (v > 256 ? 256 : v));
+    };
+    const std::int64_t x = i0 + shift - left;
+    const int x32 = clamp256(x), fit32 = clamp256(Lk - x),
+              y32 = clamp256(i0 + shift + right_reach() + 1);
+    const bool width_one = left + right_reach() == 0, one_key = Lk == 1, any_key = Lk >= 1;
+    std::uint32_t bits = 0;
+#pragma unroll
+    for (int c2 = 0; c2 < 2 * kNT; ++c2) {
+      const int c = 8 * (c2 / 2) + (c2 & 1);
+      const bool single = x32 + c >= 0 ? fit32 - c == 1 || (width_one && fit32 - c >= 1)
+                                       : (one_key && y32 + c >= 1) || (any_key && y32 + c == 1);
+      if (single) bits |= 1u << c2;
+    }
+    return bits;
+  }
+
+  // The query rows that see key j: [j - shift - right, j - shift + left], none when j >= Lk.
+  MEMEFF_HD detail::KeySpan rows_of_key(std::int64_t j) const {
+    if (j >= Lk) return {};
+    return {j - shift - right_reach(), j - shift + left + 1};
   }
 };
 
@@ -107,7 +191,7 @@ struct BiasColumns {
   int rows = 0;                                // queries m0 + c with c < rows are below Lq
   bool lo_ok = false, hi_ok = false;           // j_lo < Lk, j_lo + 1 < Lk
   bool fp32 = false;
-  float key_lo = 0.0f, key_hi = 0.0f;          // the entries when stride == 0
+  float key_lo = 0.0f, key_hi = 0.0f;  // the entries when stride == 0
 
   __device__ __forceinline__ bool per_key() const { return stride == 0; }
 

@@ -26,6 +26,31 @@ enum class Causal : int {
 // accumulator, then a conversion).
 enum class DbiasMode : int { none, direct, reduced };
 
+// Sliding window, ALiBi and softcapping (docs/window.md): what the sm90 kernels read of them (the
+// other CUDA kernels refuse calls that set any, so they never see flags). Query i's diagonal is key
+// i + causal_shift (ForwardParams; per sequence when packed). `flags` says which are on, so a
+// kernel tests one word per tile and a call without any runs the code it ran before them.
+struct ScoreMods {
+  static constexpr int kSoftcap = 1, kAlibi = 2, kWindow = 4;
+  // A window side that bounds nothing (Problem::kWindowCap: beyond every distance of a call).
+  static constexpr std::int64_t kUnbounded = std::int64_t{1} << 40;
+  int flags = 0;
+  // kWindow (a left bound, or a right bound without a causal mask): query i sees keys
+  // i + shift - left_reach .. i + shift + right_reach (and j < Lk); kUnbounded for a side without
+  // a bound. A causal mask caps the right side at 0 (KeyMask applies it).
+  std::int64_t left_reach = kUnbounded, right_reach = kUnbounded;
+  // kAlibi: score -= slope·|i + shift - j| with the slope of (b, h) (b: the sequence when packed)
+  // at alibi_slopes[b·alibi_stride_b + h·alibi_stride_h] (fp32; stride_b 0 for slopes [Hq]).
+  const float* alibi_slopes = nullptr;
+  std::int64_t alibi_stride_b = 0, alibi_stride_h = 0;
+  // kSoftcap: the kernels keep scores as s = q·k (times scale later); the cap replaces s by
+  // tanh(s·softcap_in)·softcap_out = softcap·tanh(scale·s / softcap) / scale, so whatever follows
+  // (scale, bias, the log2 domain) is unchanged. softcap_in = scale / softcap, softcap_out its
+  // inverse, softcap_exp2 = 2·log2(e)·softcap_in (tanh from exp2); off where scale is 0 (the cap
+  // of 0 is 0).
+  float softcap_in = 0.0f, softcap_out = 0.0f, softcap_exp2 = 0.0f;
+};
+
 // Strides of a [B, H, L, last] tensor in elements; the last dimension has stride 1.
 // Broadcast dimensions (bias) have stride 0.
 struct Strides {
@@ -51,7 +76,9 @@ struct ForwardParams {
   float scale = 1.0f;       // softmax scale applied to q·k
   float scale_log2 = 1.0f;  // scale · log2(e), for exp2-based softmax
   Causal causal = Causal::none;
-  std::int64_t causal_shift = 0;  // query i sees key j iff j <= i + causal_shift (when causal)
+  // Query i's diagonal key, i + causal_shift (Problem::position_shift): a causal mask shows keys
+  // j <= i + causal_shift; the window and ALiBi measure from it also without one (Lk - Lq then).
+  std::int64_t causal_shift = 0;
 
   // Dropout (docs/dropout.md): keep when byte < keep_threshold; kept values scaled by keep_scale.
   bool has_dropout = false;
@@ -66,7 +93,7 @@ struct ForwardParams {
   // sequences, Lq and Lk their maximum lengths, the b strides of q, k, v, out (dout, dq, dk, dv)
   // and lse are 0, and sequence b's row r is the packed row cu_seqlens_q[b] + r (keys:
   // cu_seqlens_k[b] + r), r < its own length; offsets are clamped into [0, total_q|total_k].
-  // The causal shift is per sequence (bottom-right: Lk_b - Lq_b); causal_shift above is unused.
+  // The diagonal is per sequence (Lk_b - Lq_b but top-left: 0); causal_shift above is unused.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   std::int64_t total_q = 0, total_k = 0;
@@ -83,6 +110,8 @@ struct ForwardParams {
   std::uint32_t q_start = 0;
   std::uint32_t k_block64 = 0;
   bool kv_block = false;
+
+  ScoreMods mods;  // window, ALiBi, softcap (flags 0: none)
 };
 
 struct BackwardParams : ForwardParams {

@@ -27,7 +27,7 @@ MEMEFF_HD bool packed_layout(const ForwardParams& p) {
 struct SeqSpan {
   std::int64_t q0 = 0, k0 = 0;    // packed row of its first query and first key (0 when dense)
   std::int64_t Lq = 0, Lk = 0;    // its lengths
-  std::int64_t causal_shift = 0;  // query i sees key j iff j <= i + causal_shift (when causal)
+  std::int64_t causal_shift = 0;  // query i's diagonal key is i + causal_shift (params.h)
 };
 
 MEMEFF_HD std::int64_t clamp_row(std::int64_t v, std::int64_t lo, std::int64_t hi) {
@@ -52,7 +52,9 @@ MEMEFF_HD SeqSpan seq_span(const ForwardParams& p, int b) {
   }
   packed_range(p.cu_seqlens_q, b, p.total_q, p.Lq, s.q0, s.Lq);
   packed_range(p.cu_seqlens_k, b, p.total_k, p.Lk, s.k0, s.Lk);
-  s.causal_shift = p.causal == Causal::bottom_right ? s.Lk - s.Lq : 0;
+  // Bottom-right alignment (causal bottom_right, and none for the window and ALiBi) per sequence;
+  // top-left: 0 (packed calls have no global coordinates).
+  s.causal_shift = p.causal == Causal::top_left ? 0 : s.Lk - s.Lq;
   return s;
 }
 

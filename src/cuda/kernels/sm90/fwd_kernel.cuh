@@ -26,6 +26,15 @@
 // Work items of one batch·head are adjacent in the order, so the CTAs resident at a time share a
 // few heads' K and V in L2; within a head the heaviest query blocks (under a causal mask) first.
 //
+// Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md): an item visits only
+// the key tiles some row of its block sees (KeyMask::key_tile_range: [n_first, n_first + n_tiles)),
+// so its work follows the window, not Lk; tiles the window cuts get the window's element mask
+// (score_modifiers.cuh), the others none. Every instantiation but the global-bias one has the
+// window behind one test of p.mods.flags per tile, taken by the whole CTA: a call without it runs
+// the code it ran before (ptxas: the same registers and spills). ALiBi and the softcap live in
+// one more instantiation per dtype and head dim (kMods below): the cap replaces q·k before
+// anything else, ALiBi's -slope·|i + shift - j| is added after the bias.
+//
 // Bias (kBiasRead, fwd_traits.cuh): a 16-bit bias that varies over queries comes as tiles of the
 // block's rows by the key tile's keys, loaded by the producer right after each K tile into a ring
 // of its own (full/empty barriers per stage, as K and V), so the softmax reads it from shared
@@ -54,6 +63,7 @@
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/score_modifiers.cuh"
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/common/types.cuh"
 #include "cuda/kernels/common/varlen.cuh"
@@ -63,28 +73,45 @@
 
 namespace memeff::cuda::sm90 {
 
-// One work item: batch·head, first query row and the number of key tiles any of its rows sees.
+// One work item: batch·head, first query row, and the key tiles any of its rows sees:
+// n_tiles of them from n_first (a window skips those before; the causal mask and the window
+// those after).
 struct WorkItem {
   int bh = 0;
   std::int64_t m0 = 0;
-  int n_tiles = 0;
+  int n_tiles = 0, n_first = 0;
 };
 
-template <class Tr>
+// The key tiles query block m0 sees, in a work item: with the call's window (KeyMask) in the
+// instantiations that have its code (kWindow), from key tile 0 in the others.
+template <class Tr, bool kWindow>
+__device__ __forceinline__ void set_key_tiles(WorkItem& w, const ForwardParams& p, std::int64_t Lk,
+                                              std::int64_t shift) {
+  if constexpr (kWindow) {
+    const BlockRange tiles = KeyMask{is_causal(p), Lk, shift, p.mods.left_reach, p.mods.right_reach}
+                                 .key_tile_range<Tr::kBlockM, Tr::kBlockN>(w.m0);
+    w.n_tiles = tiles.count();
+    w.n_first = tiles.begin;
+  } else {
+    w.n_tiles = KeyMask{is_causal(p), Lk, shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(w.m0);
+  }
+}
+
+template <class Tr, bool kWindow>
 __device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int m_blocks, int index) {
   WorkItem w;
   w.bh = index / m_blocks;
   w.m0 = static_cast<std::int64_t>(m_blocks - 1 - index % m_blocks) * Tr::kBlockM;
-  w.n_tiles = KeyMask{is_causal(p), p.Lk, p.causal_shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(w.m0);
+  set_key_tiles<Tr, kWindow>(w, p, p.Lk, p.causal_shift);
   return w;
 }
 
 // A packed call's work item with its sequence. Plain members only: it crosses the CTA through a
 // __shared__ variable.
 struct PackedItem {
-  int valid;           // 0: the CTA's tile is past the last one of its head (it exits)
-  int h, bh, n_tiles;  // bh = sequence·Hq + h: the dropout map's (b, h) with b = s
-  std::int64_t m0;     // first query row of the block, inside the sequence
+  int valid;                    // 0: the CTA's tile is past the last one of its head (it exits)
+  int h, bh, n_tiles, n_first;  // bh = sequence·Hq + h: the dropout map's (b, h) with b = s
+  std::int64_t m0;              // first query row of the block, inside the sequence
   std::int64_t q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan)
 };
 
@@ -94,6 +121,7 @@ struct PackedItem {
 // CTA returns it. A CTA-wide barrier: call it from all threads, before the roles split.
 template <class Tr>
 __device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p, int tiles) {
+  // (Packed calls take no bias: every instantiation that runs them has the window's code.)
   __shared__ PackedItem slot;
   if (threadIdx.x < 32) {
     PackedItem it{};
@@ -107,9 +135,11 @@ __device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p,
       it.h = h;
       it.bh = tile.seq * p.Hq + h;
       it.m0 = (m_blocks - 1 - tile.block) * Tr::kBlockM;
-      it.n_tiles =
-          KeyMask{is_causal(p), span.Lk, span.causal_shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(
-              it.m0);
+      WorkItem w;
+      w.m0 = it.m0;
+      set_key_tiles<Tr, true>(w, p, span.Lk, span.causal_shift);
+      it.n_tiles = w.n_tiles;
+      it.n_first = w.n_first;
       it.q0 = span.q0;
       it.k0 = span.k0;
       it.Lq = span.Lq;
@@ -148,12 +178,24 @@ __device__ __forceinline__ void add_tiled_bias(float (&s)[kNT][4], const unsigne
 // kBiasRead: how the bias is read (fwd_traits.cuh): per score from global memory, a key-padding
 // bias staged per key tile by the consumers (key_bias below), or 16-bit tiles the producer loads
 // by TMA beside K and V (bias_tiles below).
-template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked>
+//
+// kMods: the one instantiation per dtype and head dim with ALiBi and the softcap (ScoreMods), for
+// calls that have either, and for windowed calls whose bias takes BiasRead::global. Its dropout,
+// bias and packed layout follow the params at run time (kDropout, a global kBiasRead: a bias when
+// p.bias is set; kPacked false): one kernel instead of one per combination, so the build grows by
+// one kernel per head dim (docs/window.md has its cost). The other instantiations take the window
+// alone (but BiasRead::global, whose register budget it would exceed) behind one test of
+// p.mods.flags per tile.
+template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked, bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
   constexpr bool kBias = kBiasRead != BiasRead::none;
   constexpr bool kBiasTiles = kBiasRead == BiasRead::tiles;
   static_assert(!(kPacked && kBias), "packed calls take no bias");
+  static_assert(!kMods || (kDropout && kBiasRead == BiasRead::global && !kPacked),
+                "the score-modifier kernel takes dropout, a bias and packing at run time");
+  // Instantiations with the window's code (the modifiers' kernel, and all but the global bias).
+  constexpr bool kWindowCode = kMods || kBiasRead != BiasRead::global;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
@@ -162,6 +204,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kNT = Tr::kNT, kDT = Tr::kDT, kStages = Tr::kStages, kBlockN = Tr::kBlockN;
   constexpr int kLastConsumer = Tr::kConsumers - 1;
   const ForwardParams& p = tp.p;
+  // What the params switch on at run time in the modifiers' kernel (constants elsewhere).
+  const bool packed_call = kPacked || (kMods && p.cu_seqlens_q != nullptr);
+  const bool has_bias = kBias && (!kMods || p.bias != nullptr);
+  const bool dropout_on = kDropout && (!kMods || p.has_dropout);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -189,16 +235,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // 2^31 - 1) from blockIdx.x in steps of gridDim.x. A packed CTA has its one item, index 0 (an
   // extra CTA-wide barrier); one past its head's last tile leaves at once, every thread, before
   // any barrier is set up. The dense code below reads the problem's values wherever a packed call
-  // reads the sequence's (kPacked ? packed.x : p.x).
+  // reads the sequence's (packed_call ? packed.x : p.x).
   [[maybe_unused]] PackedItem packed{};
-  if constexpr (kPacked) {
+  if (packed_call) {
     packed = packed_item_of_cta<Tr>(p, tp.packed_tiles);
     if (!packed.valid) return;
   }
-  const int m_blocks = kPacked ? 0 : static_cast<int>((p.Lq + Tr::kBlockM - 1) / Tr::kBlockM);
-  const int items = kPacked ? 1 : m_blocks * p.B * p.Hq;
-  const int first_item = kPacked ? 0 : static_cast<int>(blockIdx.x);
-  const int stride = kPacked ? 1 : static_cast<int>(gridDim.x);
+  const int m_blocks = packed_call ? 0 : static_cast<int>((p.Lq + Tr::kBlockM - 1) / Tr::kBlockM);
+  const int items = packed_call ? 1 : m_blocks * p.B * p.Hq;
+  const int first_item = packed_call ? 0 : static_cast<int>(blockIdx.x);
+  const int stride = packed_call ? 1 : static_cast<int>(gridDim.x);
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -219,11 +265,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
 
   auto item_at = [&](int index) {
-    if constexpr (kPacked) {
-      return WorkItem{packed.bh, packed.m0, packed.n_tiles};
-    } else {
-      return work_item<Tr>(p, m_blocks, index);
-    }
+    return packed_call ? WorkItem{packed.bh, packed.m0, packed.n_tiles, packed.n_first}
+                       : work_item<Tr, kWindowCode>(p, m_blocks, index);
   };
 
   if (warpgroup == 0) {
@@ -240,18 +283,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const WorkItem w = item_at(index);
         // Map coordinates: dense (b, h, row); packed (0, h, packed row), the sequence's first
         // query and key rows added (int32: total rows are at most 2^31 - 1).
-        const int b = kPacked ? 0 : w.bh / p.Hq, h = kPacked ? packed.h : w.bh % p.Hq;
+        const int b = packed_call ? 0 : w.bh / p.Hq, h = packed_call ? packed.h : w.bh % p.Hq;
         const int kvh = h / p.group;
-        const int k_row0 = kPacked ? static_cast<int>(packed.k0) : 0;
+        const int k_row0 = packed_call ? static_cast<int>(packed.k0) : 0;
         mbar_wait(q_empty, (local & 1) ^ 1);  // the consumers are done with the previous Q
         mbar_arrive_expect_tx(q_full, Tr::kQBytes);
-        const int q_row = static_cast<int>(w.m0 + (kPacked ? packed.q0 : 0));
+        const int q_row = static_cast<int>(w.m0 + (packed_call ? packed.q0 : 0));
 #pragma unroll
         for (int db = 0; db < Tr::kDBlocks; ++db) {
           tma_load_4d(sQ + db * Tr::kQBlockBytes, &tp.q, q_full, 64 * db, q_row, h, b);
         }
         for (int it = 0; it < w.n_tiles; ++it, ++kv) {
-          const int row = k_row0 + (w.n_tiles - 1 - it) * kBlockN, s = kv % kStages;
+          const int n_first = kWindowCode ? w.n_first : 0;
+          const int row = k_row0 + (n_first + w.n_tiles - 1 - it) * kBlockN, s = kv % kStages;
           const std::uint32_t phase = (kv / kStages) & 1;
           mbar_wait(k_empty(s), phase ^ 1);
           mbar_arrive_expect_tx(k_full(s), Tr::kKVBytes);
@@ -293,30 +337,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warp = ctid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
   // Scores are kept as x = q·k (fast path) or x = scale·q·k + bias (premul) and exponentiated as
-  // exp2(x·f - m·f); premul also covers scale <= 0, where max q·k is not the max score.
-  const bool premul = kBias || !(p.scale > 0.0f);
+  // exp2(x·f - m·f); premul also covers scale <= 0, where max q·k is not the max score, and
+  // ALiBi, whose penalty is in natural units. A softcap keeps the units (ScoreMods).
+  const bool premul =
+      has_bias || !(p.scale > 0.0f) || (kMods && (p.mods.flags & ScoreMods::kAlibi) != 0);
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
   // The sequence's diagonal, keys and queries (dense: the problem's, the lengths read from the
   // params where used: local copies would hold more registers through the main loop).
-  const std::int64_t causal_shift = kPacked ? packed.causal_shift : p.causal_shift;
-  auto seq_Lk = [&]() -> std::int64_t {
-    if constexpr (kPacked) {
-      return packed.Lk;
-    } else {
-      return p.Lk;
-    }
-  };
-  auto seq_Lq = [&]() -> std::int64_t {
-    if constexpr (kPacked) {
-      return packed.Lq;
-    } else {
-      return p.Lq;
-    }
-  };
+  const std::int64_t causal_shift = packed_call ? packed.causal_shift : p.causal_shift;
+  auto seq_Lk = [&]() -> std::int64_t { return packed_call ? packed.Lk : p.Lk; };
+  auto seq_Lq = [&]() -> std::int64_t { return packed_call ? packed.Lq : p.Lq; };
 
   detail::DropoutKey key{0, 0};
-  if constexpr (kDropout) {
+  if (dropout_on) {
     const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
     const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
     key = detail::dropout_key(seed, offset);
@@ -350,7 +384,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
 
   // The current work item, as the lambdas below see it.
-  int bh = 0;
+  int bh = 0, b = 0, h = 0;       // b: the batch entry, or the sequence when packed
   std::int64_t m0 = 0, row0 = 0;  // row0: this thread's rows are row0 and row0 + 8
   std::int64_t bias_base = 0;
   float s[kNT][4];
@@ -394,11 +428,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int block_row = 64 * cw + 16 * warp + g;
   const unsigned char* const bias_tiles = smem_raw + (sB - smem_addr(smem_raw));
 
-  // Scale, bias, mask and the online softmax of the tile of key block n (ring stage `stage`,
-  // ring position kv_at) in s.
+  // Softcap, scale, bias, ALiBi, mask and the online softmax of the tile of key block n (ring
+  // stage `stage`, ring position kv_at) in s. The modifiers' kernel tests each of them on
+  // p.mods.flags; the others the window alone, once per tile (the same for the whole CTA).
   auto softmax_tile = [&](int n, int stage, int kv_at, float(&alpha)[2]) {
     const std::int64_t n0 = static_cast<std::int64_t>(n) * kBlockN;
-    if constexpr (kBias) {
+    if constexpr (kMods) {  // the cap takes q·k alone (Gemma-2), in its own units (ScoreMods)
+      if (p.mods.flags & ScoreMods::kSoftcap) softcap_scores(s, p.mods);
+    }
+    if (has_bias) {
       if constexpr (key_bias) {
         add_staged_key_bias(s, my_key_bias + key_bias_buf * kBlockN, t, row0 < p.Lq,
                             row0 + 8 < p.Lq, p.scale);
@@ -418,15 +456,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) s[j][r] *= p.scale;
     }
-    const bool need_mask =
-        n0 + kBlockN > seq_Lk() || (is_causal(p) && n0 + kBlockN - 1 > m0 + causal_shift);
-    if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), is_causal(p), causal_shift);
+    if constexpr (kMods) {
+      if (p.mods.flags & ScoreMods::kAlibi) {  // premul: natural units
+        add_alibi(s, alibi_slope(p.mods, b, h), row0 + causal_shift - n0 - 2 * t);
+      }
+    }
+    if (kWindowCode && (p.mods.flags & ScoreMods::kWindow)) {
+      const KeyMask mask{is_causal(p), seq_Lk(), causal_shift, p.mods.left_reach,
+                         p.mods.right_reach};
+      if (mask.tile_needs_mask<Tr::kBlockM, kBlockN>(m0, n0)) {
+        mask_scores_window(s, row0, n0, t, mask);
+      }
+    } else {
+      const bool need_mask =
+          n0 + kBlockN > seq_Lk() || (is_causal(p) && n0 + kBlockN - 1 > m0 + causal_shift);
+      if (need_mask) mask_scores(s, row0, n0, t, seq_Lk(), is_causal(p), causal_shift);
+    }
     float sum[2];
     online_softmax_step(s, row_m, f, alpha, sum);
     row_l[0] = row_l[0] * alpha[0] + sum[0];
     row_l[1] = row_l[1] * alpha[1] + sum[1];
   };
   // Dropout keep words of the tile of key block n (coordinates only: drawn while Q·Kᵀ runs).
+  // The modifiers' kernel without dropout keeps every element (words of ones: no Philox calls).
   constexpr int kDropBlocks = kDropout ? kBlockN / 64 : 0;
   std::uint32_t keep[kDropout ? kDropBlocks : 1][2][4];
   auto draw_keep = [&](int n) {
@@ -434,6 +486,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int c = 0; c < kDropBlocks; ++c)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
+        if (!dropout_on) {
+#pragma unroll
+          for (int w = 0; w < 4; ++w) keep[c][hh][w] = ~0u;
+          continue;
+        }
         // Global coordinates (params.h): row q_start + i, key block k_block64 + j / 64.
         const detail::Philox4 r =
             detail::dropout_call(key, static_cast<std::uint64_t>(bh),
@@ -486,11 +543,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int index = first_item; index < items; index += stride, ++local) {
     const WorkItem w = item_at(index);
     const int n_tiles = w.n_tiles;
-    const int b = w.bh / p.Hq, h = w.bh % p.Hq;
+    // Tiles are visited from the last to the first: tile n_first + n_tiles - 1 - it.
+    const int n_first = kWindowCode ? w.n_first : 0;
+    b = w.bh / p.Hq;
+    h = w.bh % p.Hq;
     bh = w.bh;
     m0 = w.m0;
     row0 = m0 + 64 * cw + 16 * warp + g;
-    if constexpr (kBias) bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
+    if (has_bias) bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
 
     const int turns = n_tiles > 0 ? n_tiles + 1 : 0;
     int turn = 0;
@@ -516,10 +576,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     mbar_wait(q_full, local & 1);
     if (n_tiles > 0) {
       if constexpr (key_bias) {  // the first tile's entries, before its products
-        load_key_bias(n_tiles - 1);
+        load_key_bias(n_first + n_tiles - 1);
         store_key_bias();
       }
-      {  // the first tile (key block n_tiles - 1): Q·Kᵀ alone
+      {  // the first tile (key block n_first + n_tiles - 1): Q·Kᵀ alone
         const int stage = kv % kStages;
         float alpha[2];
         begin_turn();
@@ -528,12 +588,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         issue_qk(s, stage);
         wgmma_commit();
         end_turn();
-        if constexpr (kDropout) draw_keep(n_tiles - 1);
-        if (key_bias && n_tiles > 1) load_key_bias(n_tiles - 2);
+        if constexpr (kDropout) draw_keep(n_first + n_tiles - 1);
+        if (key_bias && n_tiles > 1) load_key_bias(n_first + n_tiles - 2);
         wgmma_wait<0>();
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
-        softmax_tile(n_tiles - 1, stage, kv, alpha);  // O is still zero: nothing to rescale
+        softmax_tile(n_first + n_tiles - 1, stage, kv,
+                     alpha);  // O is still zero: nothing to rescale
         if (key_bias && n_tiles > 1) store_key_bias();
         pack_p();
       }
@@ -551,12 +612,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         issue_pv(prev);
         wgmma_commit();
         end_turn();
-        if constexpr (kDropout) draw_keep(n_tiles - 1 - it);
-        if (key_bias && it + 1 < n_tiles) load_key_bias(n_tiles - 2 - it);
+        if constexpr (kDropout) draw_keep(n_first + n_tiles - 1 - it);
+        if (key_bias && it + 1 < n_tiles) load_key_bias(n_first + n_tiles - 2 - it);
         wgmma_wait<1>();  // Q·Kᵀ done; P·V of the previous tile may still run
         fence_operands(s);
         if (lane == 0) mbar_arrive(k_empty(stage));
-        softmax_tile(n_tiles - 1 - it, stage, kv + it, alpha);
+        softmax_tile(n_first + n_tiles - 1 - it, stage, kv + it, alpha);
         if (key_bias && it + 1 < n_tiles) store_key_bias();
         wgmma_wait<0>();
         fence_operands(o);
@@ -582,9 +643,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // ---------------- epilogue ----------------
     // O / l (times keep_scale), lse = m + ln l in natural units; rows that saw no key give 0, -inf.
-    const float keep_scale = kDropout ? p.keep_scale : 1.0f;
+    const float keep_scale = dropout_on ? p.keep_scale : 1.0f;
     // Packed: b strides are 0 and the sequence's rows start at its first packed row.
-    const std::int64_t q0 = kPacked ? packed.q0 : 0;
+    const std::int64_t q0 = packed_call ? packed.q0 : 0;
     float* lse_row = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + q0;
     float inv[2];
 #pragma unroll

@@ -17,15 +17,25 @@
 
 namespace memeff::cuda::sm90 {
 
-template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked = false>
+// Whether the work items' key tiles grow or shrink along the query blocks: a bound on one side of
+// the diagonal only (the causal mask, or a window's right side) moves the keys a block sees with
+// it; bounds on both sides, or none, keep their count.
+inline bool item_costs_vary(const ForwardParams& p) {
+  const bool right = is_causal(p) || p.mods.right_reach < ScoreMods::kUnbounded;
+  const bool left = p.mods.left_reach < ScoreMods::kUnbounded;
+  return right != left;
+}
+
+template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked = false,
+          bool kMods = false>
 void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
                            cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, Tr, kDropout, kBiasRead, kPacked>;
+  auto kernel = attention_forward_kernel<T, Tr, kDropout, kBiasRead, kPacked, kMods>;
   constexpr int kSmem = Tr::template smem_bytes<kBiasRead>();
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 forward kernel");
   const ForwardParams& p = params.p;
-  if constexpr (kPacked) {
+  if (kPacked || (kMods && p.cu_seqlens_q != nullptr)) {
     // One CTA per (head, query tile): packed_tiles bounds the tiles of a head (the launcher's
     // varlen_tile_bound, 2^31 - 1 in all at most); CTAs past a head's last tile exit at once.
     const long long ctas = static_cast<long long>(params.packed_tiles) * p.Hq;
@@ -40,10 +50,12 @@ void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
   // the current ones' tails and the resident CTAs keep sharing a few heads' K/V in L2. Under a
   // causal mask the items' costs differ, and one CTA per item lets the hardware hand the next
   // item to whichever SM frees up first (measured on the H200: the persistent grid lost 10-37% on
-  // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md).
+  // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md). A window bounded on
+  // both sides (a causal one with a left bound) gives every item the same keys again but at the
+  // sequence's ends, so it takes the persistent grid too (by that reasoning; not measured yet).
   const long long items = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM * p.B * p.Hq;
   const long long sms = multiprocessors > 0 ? multiprocessors : 1;
-  const long long ctas = !is_causal(p) && items > sms ? sms : items;
+  const long long ctas = !item_costs_vary(p) && items > sms ? sms : items;
   kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(params);
   check_launch("attention_forward_kernel launch");
 }
@@ -67,28 +79,36 @@ void with_bias_read(BiasRead read, F&& f) {
 template <class T, int kHeadDim>
 void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream) {
   using Tr = typename FwdConfig<kHeadDim>::Traits;
-  const bool bias = params.p.bias != nullptr;
-  if (params.p.cu_seqlens_q != nullptr) {  // packed: no bias (the validators refuse one)
-    params.p.has_dropout
+  const ForwardParams& p = params.p;
+  const bool bias = p.bias != nullptr;
+  // A bias broadcast over queries (a key-padding mask) is staged in shared memory per key tile;
+  // one the launcher described for TMA (16-bit, aligned strides) comes in tiles beside K and V.
+  const BiasRead read = !bias                  ? BiasRead::none
+                        : p.bias_stride.l == 0 ? BiasRead::keys
+                        : params.bias_tiles    ? BiasRead::tiles
+                                               : BiasRead::global;
+  // ALiBi and the softcap run in the modifiers' kernel (fwd_kernel.cuh, kMods), dense or packed,
+  // with or without dropout and bias; so does a window over a bias read per score from global
+  // memory. Every other call, windowed or not, takes its own instantiation.
+  const int mods = p.mods.flags;
+  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
+      ((mods & ScoreMods::kWindow) && read == BiasRead::global)) {
+    launch_forward_kernel<T, Tr, true, BiasRead::global, false, true>(params, multiprocessors,
+                                                                      stream);
+  } else if (p.cu_seqlens_q != nullptr) {  // packed: no bias (the validators refuse one)
+    p.has_dropout
         ? launch_forward_kernel<T, Tr, true, BiasRead::none, true>(params, multiprocessors, stream)
         : launch_forward_kernel<T, Tr, false, BiasRead::none, true>(params, multiprocessors,
                                                                     stream);
-    return;
+  } else {
+    with_bias_read(read, [&](auto bias_read) {
+      constexpr BiasRead kRead = decltype(bias_read)::value;
+      p.has_dropout ? launch_forward_kernel<T, Tr, true, kRead>(params, multiprocessors, stream)
+                    : launch_forward_kernel<T, Tr, false, kRead>(params, multiprocessors, stream);
+    });
   }
-  // A bias broadcast over queries (a key-padding mask) is staged in shared memory per key tile;
-  // one the launcher described for TMA (16-bit, aligned strides) comes in tiles beside K and V.
-  const BiasRead read = !bias                         ? BiasRead::none
-                        : params.p.bias_stride.l == 0 ? BiasRead::keys
-                        : params.bias_tiles           ? BiasRead::tiles
-                                                      : BiasRead::global;
-  with_bias_read(read, [&](auto bias_read) {
-    constexpr BiasRead kRead = decltype(bias_read)::value;
-    params.p.has_dropout
-        ? launch_forward_kernel<T, Tr, true, kRead>(params, multiprocessors, stream)
-        : launch_forward_kernel<T, Tr, false, kRead>(params, multiprocessors, stream);
-  });
   if (bias) {  // rows a NaN behind a -inf bias reached (common/bias_row_repair.cuh)
-    launch_bias_row_repair<T>(params.p, stream);
+    launch_bias_row_repair<T>(p, stream);
     check_launch("bias_row_repair_kernel launch");
   }
 }

@@ -4,6 +4,7 @@
 // of the packed tensors, with the tile scheduler's grid bound), and the pick of the dtype x
 // head-dim instantiation.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,6 +41,17 @@ void add_device_reasons(std::vector<std::string>& reasons, const DeviceCaps& dev
   }
 }
 
+// The softcap's factors scale / softcap and softcap / scale (ScoreMods) must be normal fp32
+// numbers: the kernels multiply by them with denormals flushed.
+void add_score_modifier_reasons(std::vector<std::string>& reasons, const ForwardParams& p) {
+  if (!(p.mods.flags & ScoreMods::kSoftcap)) return;
+  auto normal = [](float x) { return std::fpclassify(x) == FP_NORMAL; };
+  if (!normal(p.mods.softcap_in) || !normal(p.mods.softcap_out) || !normal(p.mods.softcap_exp2)) {
+    reasons.push_back("softcap / scale = " + std::to_string(p.mods.softcap_out) +
+                      " is outside fp32's normal range (the kernels keep scores in units of q·k)");
+  }
+}
+
 int forward_bucket(const ForwardParams& p) {
   return ForwardHeadDims::bucket_of(std::max(p.D, p.Dv));
 }
@@ -72,6 +84,7 @@ std::vector<std::string> Family::forward_reasons(const ForwardParams& p, const D
   std::vector<std::string> reasons;
   add_device_reasons(reasons, dev);
   add_common_reasons(reasons, p, ForwardHeadDims::largest, " (TMA)");
+  add_score_modifier_reasons(reasons, p);
   const int block_m = forward_tile(forward_bucket(p)).block_m;  // 0: no bucket (said above)
   if (block_m > 0 && packed_layout(p)) {  // one CTA per (query tile, head) of the scheduler
     const std::int64_t ctas = varlen_tile_bound(p.total_q, p.B, p.Lq, block_m) * p.Hq;
@@ -143,6 +156,7 @@ std::vector<std::string> Family::backward_reasons(const BackwardParams& p, const
   std::vector<std::string> reasons;
   add_device_reasons(reasons, dev);
   add_common_reasons(reasons, p, BackwardHeadDims::largest, " (TMA, 16-byte stores)", 8);
+  add_score_modifier_reasons(reasons, p);
   if (packed_layout(p)) {
     // Grids (key tiles, Hkv) and (2·query tiles, heads); per head total_q / 64 + S workspace
     // blocks counted in int.

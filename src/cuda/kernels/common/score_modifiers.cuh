@@ -1,0 +1,85 @@
+// The score modifiers of docs/window.md (ScoreMods, params.h) on the forward's score fragments:
+// the sliding window's element mask, ALiBi's distance penalty and the softcap, each applied in
+// place to the m16n8 C layout of common/softmax.cuh (a thread's rows row0 and row0 + 8, its keys
+// n0 + 8n + 2t + {0, 1}), and the tanh the cap takes, to the absolute accuracy a score needs.
+// The sm90 backward applies the same rules to its Sᵀ fragments with these scalar helpers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/kernels/common/mask.cuh"
+#include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/softmax.cuh"
+
+namespace memeff::cuda {
+
+// tanh(x) = 1 - 2 / (1 + exp(2x)) from y = 2·log2(e)·x, to a few 1e-7 absolute: one MUFU.EX2, one
+// MUFU.RCP and three ops, few registers per score; ±inf give ±1 and NaN stays NaN. A score takes
+// the cap's absolute error times softcap: tanh.approx.f32 (one MUFU.TANH, 2^-11 relative) would
+// put up to softcap·2^-11 into it, 2.4% of P at softcap 50, above the fp16 tolerance of the tests.
+__device__ __forceinline__ float tanh_of_exp2_arg(float y) {
+  return fmaf(-2.0f, __fdividef(1.0f, 1.0f + fast_exp2(y)), 1.0f);
+}
+
+// The capped score in the units the kernels keep it (ScoreMods::softcap_exp2, softcap_out).
+__device__ __forceinline__ float softcap_score(float s, const ScoreMods& m) {
+  return tanh_of_exp2_arg(s * m.softcap_exp2) * m.softcap_out;
+}
+
+template <int kNT>
+__device__ __forceinline__ void softcap_scores(float (&s)[kNT][4], const ScoreMods& m) {
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[n][r] = softcap_score(s[n][r], m);
+}
+
+// The ALiBi slope of (b, h): b the batch entry, or the sequence when packed.
+__device__ __forceinline__ float alibi_slope(const ScoreMods& m, int b, int h) {
+  return __ldg(m.alibi_slopes + b * m.alibi_stride_b + h * m.alibi_stride_h);
+}
+
+// s -= slope·|i + shift - j| on scores in natural units (scale applied): `diagonal` is
+// row0 + shift - n0 - 2t, the signed distance of the thread's first row and first key. Distances
+// are fp32, exact below 2^24 keys.
+template <int kNT>
+__device__ __forceinline__ void add_alibi(float (&s)[kNT][4], float slope, std::int64_t diagonal) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float d0 = static_cast<float>(diagonal + 8 * hh);
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[n][2 * hh + e] =
+            fmaf(-slope, fabsf(d0 - static_cast<float>(8 * n + e)), s[n][2 * hh + e]);
+      }
+  }
+}
+
+// The window's mask (with Lk's and the causal one: KeyMask::keys_of_row) on rows row0 and
+// row0 + 8: keys outside each row's span become -inf.
+template <int kNT>
+__device__ __forceinline__ void mask_scores_window(float (&s)[kNT][4], std::int64_t row0,
+                                                   std::int64_t n0, int t, const KeyMask& mask) {
+  auto column = [&](std::int64_t key) {  // key's column 8n + e in this lane's fragment, clamped
+    return static_cast<int>(
+        max(min(key - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
+  };
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const detail::KeySpan keys = mask.keys_of_row(row0 + 8 * hh);
+    const int first = column(keys.begin), limit = column(keys.end);
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * n + e < first || 8 * n + e >= limit) s[n][2 * hh + e] = -INFINITY;
+      }
+  }
+}
+
+}  // namespace memeff::cuda

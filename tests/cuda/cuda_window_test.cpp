@@ -1,0 +1,242 @@
+// Sliding windows, ALiBi and softcapping in the Hopper forward (cuda_sm90; docs/window.md) against
+// the double-precision reference on the same rounded inputs and dropout mask: every causal
+// alignment with windows that cut tiles unevenly, windows wider than the sequence, zero-width
+// ones, rows left without a key; ALiBi per head and per batch; the softcap alone and with each way
+// the kernels read a bias; all of them with dropout, GQA, both dtypes and every head dim; and the
+// work a narrow window leaves: long sequences against the reference, and the time of a narrow
+// window against none.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/host_tensor.h"
+#include "common/kernel_case.h"
+#include "cuda/device_tensor.h"
+#include "cuda/forward_check.h"
+#include "memeff/attention.h"
+
+namespace memeff {
+namespace {
+
+using test::DeviceTensor;
+using test::HostTensor;
+using test::KernelCase;
+
+constexpr CausalMode kNone = CausalMode::none, kTopLeft = CausalMode::top_left,
+                     kBottomRight = CausalMode::bottom_right;
+constexpr CausalMode kModes[] = {kNone, kTopLeft, kBottomRight};
+
+class Sm90Window : public test::PerBackend {
+ protected:
+  KernelCase make(KernelCase c) const {
+    c.backend = GetParam();
+    return c;
+  }
+  // The forward against the reference.
+  static void check(const KernelCase& c, std::uint64_t data_seed) {
+    SCOPED_TRACE(c.describe());
+    test::expect_forward_matches(c, test::run_forward_case(c, data_seed));
+  }
+};
+
+// Windows bounded on the left, on the right, on both, narrower and wider than a 128-key tile,
+// under each alignment, on lengths that end mid-tile; dropout in every other case, head dims 64
+// and 128, both dtypes and the bias reads (none, 16-bit tiles, a key-padding bias, an fp32 one
+// read per score) in turn.
+TEST_P(Sm90Window, EachAlignmentWithWindowsThatCutTilesUnevenly) {
+  const Window windows[] = {{37, 5}, {70, -1}, {-1, 66}, {200, 3}, {0, 130}};
+  const std::int64_t lengths[][2] = {{150, 200}, {200, 130}, {333, 333}};
+  const char* biases[] = {"none", "bhqk", "b11k", "1hqk"};
+  std::uint64_t seed = 1;
+  for (CausalMode mode : kModes) {
+    for (const Window& w : windows) {
+      for (const auto& [Lq, Lk] : lengths) {
+        KernelCase c = make({.Hq = 2, .Hkv = 2, .Lq = Lq, .Lk = Lk, .causal = mode});
+        c.window = w;
+        c.D = seed % 2 ? 64 : 128;
+        c.dtype = seed % 3 ? DType::bf16 : DType::f16;
+        c.dropout = seed % 2 ? 0.1 : 0.0;
+        c.bias = biases[seed % 4];
+        c.bias_dtype = seed % 4 == 3 ? DType::f32 : c.dtype;
+        check(c, ++seed);
+      }
+    }
+  }
+}
+
+// A window wider than every distance bounds nothing; one of width zero shows each row its
+// diagonal key alone.
+TEST_P(Sm90Window, WiderThanTheSequenceAndZeroWidth) {
+  for (CausalMode mode : kModes) {
+    for (const Window& w : {Window{5000, 5000}, Window{1000, -1}, Window{-1, 700}}) {
+      KernelCase c = make({.B = 2, .Lq = 300, .Lk = 260, .causal = mode, .dropout = 0.1});
+      c.window = w;
+      check(c, 40);
+    }
+  }
+  for (double p : {0.0, 0.2}) {  // a 16-bit bias in tiles, then an fp32 one read per score
+    KernelCase c = make({.B = 2, .Lq = 200, .Lk = 200, .bias = "bhqk", .dropout = p});
+    c.bias_dtype = p == 0.0 ? c.dtype : DType::f32;
+    c.window = Window{0, 0};
+    check(c, 41);
+  }
+}
+
+// Rows whose window holds no key (the diagonal far before the keys, or past them) give out = 0
+// and lse = -inf, never NaN, while their neighbours' rows are right.
+TEST_P(Sm90Window, RowsWithoutAVisibleKey) {
+  struct Shape {
+    std::int64_t Lq, Lk;
+    CausalMode causal;
+    Window window;
+  };
+  const Shape shapes[] = {{300, 100, kNone, {1, 1}},    // shift -200: rows 0..198 see nothing
+                          {150, 40, kTopLeft, {2, 0}},  // rows past 41 see nothing
+                          {260, 70, kBottomRight, {5, 0}}};
+  for (const Shape& sh : shapes) {
+    for (double p : {0.0, 0.1}) {
+      KernelCase c = make({.Lq = sh.Lq, .Lk = sh.Lk, .causal = sh.causal, .dropout = p});
+      c.window = sh.window;
+      SCOPED_TRACE(c.describe());
+      const test::ForwardResult r = test::run_forward_case(c, 50);
+      test::expect_forward_matches(c, r);
+      int empty_rows = 0;
+      for (std::int64_t row = 0; row < c.B * c.Hq * c.Lq; ++row) {
+        if (r.ref.lse.get(row) != -std::numeric_limits<double>::infinity()) continue;
+        ++empty_rows;
+        for (std::int64_t e = 0; e < c.dv(); ++e) {
+          ASSERT_EQ(r.out.get(row * c.dv() + e), 0.0) << "out row " << row;
+        }
+      }
+      EXPECT_GT(empty_rows, 0) << "the shape leaves no row without keys";
+    }
+  }
+}
+
+// ALiBi's slopes per head ([Hq]) and per batch entry and head ([B, Hq]) with GQA, with and
+// without a window, under each alignment, with dropout and with each way of reading a bias.
+TEST_P(Sm90Window, AlibiPerHeadAndPerBatchWithGqa) {
+  std::uint64_t seed = 60;
+  for (const char* per : {"h", "bh"}) {
+    for (CausalMode mode : kModes) {
+      for (const char* bias : {"none", "b1qk", "1h1k", "bhqk"}) {
+        KernelCase c = make({.B = 2, .Hq = 8, .Hkv = 2, .Lq = 190, .Lk = 270, .causal = mode,
+                             .bias = bias, .dropout = 0.1});
+        c.alibi = per;
+        c.bias_dtype = std::string(bias) == "b1qk" ? DType::f32 : c.dtype;
+        c.window = seed % 2 ? Window{90, 20} : Window{};
+        check(c, ++seed);
+      }
+    }
+  }
+}
+
+// The softcap where it saturates (0.5 with scale 1) and where it hardly bends (30), alone and
+// over a bias read each way (16-bit tiles, fp32 per score, a key-padding bias), with dropout and
+// both dtypes.
+TEST_P(Sm90Window, SoftcapAloneAndWithEachBiasRead) {
+  std::uint64_t seed = 80;
+  for (double cap : {0.5, 30.0}) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      for (const char* bias : {"none", "bhqk", "b11k"}) {
+        for (DType bias_dtype : {dtype, DType::f32}) {
+          if (std::string(bias) == "none" && bias_dtype == DType::f32) continue;
+          KernelCase c = make({.B = 2, .Hq = 4, .Hkv = 2, .Lq = 170, .Lk = 230, .bias = bias,
+                               .bias_dtype = bias_dtype, .dropout = 0.1, .dtype = dtype});
+          c.softcap = cap;
+          c.scale = cap < 1.0 ? 1.0 : std::numeric_limits<double>::quiet_NaN();
+          c.causal = seed % 3 == 0 ? kBottomRight : kNone;
+          check(c, ++seed);
+        }
+      }
+    }
+  }
+}
+
+// All three at once with a bias, dropout and GQA, on every head dim the forward has, both
+// dtypes.
+TEST_P(Sm90Window, EverythingTogetherEachHeadDim) {
+  std::uint64_t seed = 100;
+  for (std::int64_t D : {64, 96, 128, 256}) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      KernelCase c = make({.B = 2, .Hq = 4, .Hkv = 2, .Lq = 260, .Lk = 300, .D = D,
+                           .causal = kBottomRight, .bias = "1hqk", .dropout = 0.1, .dtype = dtype});
+      c.bias_dtype = dtype;
+      c.window = Window{45, 10};
+      c.alibi = "bh";
+      c.softcap = 5.0;
+      check(c, ++seed);
+    }
+  }
+}
+
+// A window far narrower than the keys on long sequences: the key tiles outside it are skipped,
+// and what remains is right: out and lse against the reference, Lk = 4096 with windows of 128
+// keys.
+TEST_P(Sm90Window, NarrowWindowOnLongSequencesMatchesTheReference) {
+  for (CausalMode mode : {kTopLeft, kNone}) {
+    KernelCase c =
+        make({.Hq = 2, .Hkv = 1, .Lq = 4096, .Lk = 4096, .causal = mode, .dropout = 0.1});
+    c.window = mode == kTopLeft ? Window{127, 0} : Window{64, 63};
+    check(c, 140);
+  }
+  KernelCase c = make({.Hq = 2, .Hkv = 2, .Lq = 1000, .Lk = 4096, .D = 128});
+  c.window = Window{128, 0};  // bottom-right alignment: the rows' keys end at the last key
+  c.alibi = "h";
+  check(c, 141);
+}
+
+// The milliseconds of `run` on the device: the median of 5 timed calls after 2 untimed ones.
+double median_ms(const std::function<void()>& run) {
+  cudaEvent_t start, stop;
+  test::cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+  test::cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> times;
+  for (int k = 0; k < 7; ++k) {
+    test::cuda_check(cudaEventRecord(start), "cudaEventRecord");
+    run();
+    test::cuda_check(cudaEventRecord(stop), "cudaEventRecord");
+    test::cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0.0f;
+    test::cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (k >= 2) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The work follows the window: with 16384 keys, a causal window of 128 leaves about 1/64 of the
+// causal products, and the forward takes well under a quarter of the causal time (a bound loose
+// enough for launch overheads and the tiles the window cuts).
+TEST_P(Sm90Window, NarrowWindowSkipsTheWork) {
+  const std::int64_t L = 16384, H = 8, D = 64;
+  HostTensor q(DType::bf16, {1, H, L, D}), k(DType::bf16, {1, H, L, D}),
+      v(DType::bf16, {1, H, L, D}), out(DType::bf16, {1, H, L, D}), lse(DType::f32, {1, H, L});
+  std::mt19937_64 rng(7);
+  for (HostTensor* t : {&q, &k, &v}) test::fill_uniform(*t, rng, -1.0, 1.0);
+  DeviceTensor d_q(q), d_k(k), d_v(v), d_out(out), d_lse(lse);
+  AttentionArgs a = test::attention_args(d_q, d_k, d_v);
+  a.causal = kTopLeft;
+  const Options only = test::only({GetParam()});
+  auto time_ms = [&](Window w) {
+    a.window = w;
+    return median_ms([&] { forward(a, d_out.view, d_lse.view, only); });
+  };
+  const double causal = time_ms(Window{}), window = time_ms(Window{127, 0});
+  EXPECT_LT(window, 0.25 * causal) << "forward ms: window " << window << ", causal " << causal;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Sm90Window, ::testing::Values("cuda_sm90"), test::backend_name);
+
+}  // namespace
+}  // namespace memeff
