@@ -10,18 +10,17 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/attention_case.h"
 #include "common/host_tensor.h"
 #include "common/kernel_case.h"
+#include "cuda/backward_check.h"
 #include "cuda/device_tensor.h"
 #include "cuda/kernels/sm80/family.h"
 #include "cuda/kernels/sm90/family.h"
@@ -39,97 +38,19 @@ using test::Layout;
 
 constexpr CausalMode kTopLeft = CausalMode::top_left, kBottomRight = CausalMode::bottom_right;
 
-// A case's inputs (with dout), the reference's results, and the reference's out rounded to the
-// case's dtype and layout: the out the device backward reads with the reference's lse.
-struct BwdProblem {
-  test::KernelInputs in;
-  test::KernelReference ref;
-  HostTensor out;
-  BwdProblem(const KernelCase& c, std::uint64_t data_seed)
-      : in(c, data_seed, /*with_dout=*/true),
-        ref(c, in),
-        out(test::converted(ref.out, c.dtype, c.layout)) {}
-};
-
-// The backend's gradients, copied back from the device (storage dtype); dbias with a bias.
-struct Grads {
-  HostTensor dq, dk, dv;
-  std::optional<HostTensor> dbias;
-};
-
-// Runs the case's backend's backward on device copies of the problem's inputs.
-Grads run_cuda(const KernelCase& c, const BwdProblem& pr) {
-  Grads out{HostTensor(c.dtype, {c.B, c.Hq, c.Lq, c.D}, c.layout),
-            HostTensor(c.dtype, {c.B, c.Hkv, c.Lk, c.D}, c.layout),
-            HostTensor(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()}, c.layout), std::nullopt};
-  for (HostTensor* g : {&out.dq, &out.dk, &out.dv}) test::poison(*g);
-  DeviceTensor q(pr.in.q), k(pr.in.k), v(pr.in.v), dout(*pr.in.dout), o(pr.out), lse(pr.ref.lse),
-      dq(out.dq), dk(out.dk), dv(out.dv);
-  std::optional<DeviceTensor> bias, dbias;
-  if (pr.in.bias) {
-    bias.emplace(*pr.in.bias);
-    out.dbias = *pr.in.bias;
-    test::poison(*out.dbias);
-    dbias.emplace(*out.dbias);
-  }
-  AttentionArgs args =
-      c.args(q.view, k.view, v.view, bias ? std::optional(bias->view) : std::nullopt);
-  std::uint64_t* rng_dev = nullptr;
-  if (c.device_rng) {
-    const std::uint64_t vals[2] = {c.seed, c.offset};
-    if (cudaMalloc(&rng_dev, sizeof vals) != cudaSuccess ||
-        cudaMemcpy(rng_dev, vals, sizeof vals, cudaMemcpyHostToDevice) != cudaSuccess) {
-      throw std::runtime_error("device rng state");
-    }
-    args.rng.seed = c.seed ^ 0xDEADBEEFull;  // must be ignored
-    args.rng.offset = c.offset + 977;
-    args.rng.device_seed = rng_dev;
-    args.rng.device_offset = rng_dev + 1;
-  }
-  BackwardTensors g{dout.view, o.view, lse.view, dq.view, dk.view, dv.view, std::nullopt};
-  if (dbias) g.dbias = dbias->view;
-  Options opt = test::only({c.backend});
-  opt.deterministic = c.deterministic;
-  const CallInfo info = backward(args, g, opt);
-  EXPECT_EQ(info.backend, c.backend);
-  const cudaError_t err = cudaDeviceSynchronize();
-  if (rng_dev) cudaFree(rng_dev);
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("kernel failed: ") + cudaGetErrorString(err));
-  dq.copy_to(out.dq);
-  dk.copy_to(out.dk);
-  dv.copy_to(out.dv);
-  if (dbias) dbias->copy_to(*out.dbias);
-  return out;
-}
-
-bool within(const test::Diff& d, DType dtype) {
-  return !d.nan && d.max_abs <= test::fused_kernel_tolerance(dtype).bound(d.max_ref);
-}
-
+// The backward's case helpers (cuda/backward_check.h) under this file's names.
+using test::bitwise_equal;
+using test::BwdProblem;
+using test::expect_grads_match;
+using test::Grads;
+Grads run_cuda(const KernelCase& c, const BwdProblem& pr) { return test::run_backward_case(c, pr); }
+bool within(const test::Diff& d, DType dtype) { return test::within_fused_tolerance(d, dtype); }
 void expect_close(const KernelCase& c, const char* name, const HostTensor& actual,
                   const HostTensor& ref) {
-  test::expect_close(actual, ref, test::fused_kernel_tolerance(c.dtype),
-                     c.describe() + ": " + name);
+  test::expect_grad_close(c, name, actual, ref);
 }
-
-// dq, dk, dv (and dbias) against the reference's.
-void expect_grads_match(const KernelCase& c, const Grads& got, const test::KernelReference& ref) {
-  expect_close(c, "dq", got.dq, ref.dq);
-  expect_close(c, "dk", got.dk, ref.dk);
-  expect_close(c, "dv", got.dv, ref.dv);
-  if (got.dbias) expect_close(c, "dbias", *got.dbias, ref.dbias);
-}
-
 void check_case(const KernelCase& c, std::uint64_t data_seed = 11) {
-  SCOPED_TRACE(c.describe());
-  const BwdProblem pr(c, data_seed);
-  expect_grads_match(c, run_cuda(c, pr), pr.ref);
-}
-
-bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
-  return a.storage.size() == b.storage.size() &&
-         std::memcmp(a.storage.data(), b.storage.data(), a.storage.size()) == 0;
+  test::check_backward_case(c, data_seed);
 }
 
 class CudaBackward : public test::PerBackend {

@@ -50,14 +50,15 @@ AttentionArgs at(AttentionArgs a, const Starts& s) {
   return a;
 }
 
-// The device copies of a case's tensors.
+// The device copies of a case's tensors (and ALiBi slopes).
 struct DeviceCase : test::DeviceTensors {
-  std::optional<DeviceTensor> bias, dbias;
+  std::optional<DeviceTensor> bias, dbias, slopes;
   explicit DeviceCase(const Case& c) : DeviceTensors(c) {
     if (c.bias) {
       bias.emplace(*c.bias);
       dbias.emplace(*c.dbias);
     }
+    if (c.slopes) slopes.emplace(*c.slopes);
   }
   AttentionArgs args(const Case& c, const Starts& s) const {
     AttentionArgs a = at(c.args(), s);
@@ -65,6 +66,7 @@ struct DeviceCase : test::DeviceTensors {
     a.k = k.view;
     a.v = v.view;
     if (bias) a.bias = bias->view;
+    if (slopes) a.alibi_slopes = slopes->view;
     return a;
   }
   BackwardTensors grads() const {
@@ -96,6 +98,7 @@ class CudaGlobalCoordinates : public test::PerBackend {
     r.v = test::converted(c.v, DType::f64);
     r.dout = test::converted(c.dout, DType::f64);
     if (c.bias) r.bias = test::converted(*c.bias, DType::f64);
+    r.slopes = c.slopes;
     const AttentionArgs ra = at(r.args(), s);
     forward(ra, r.out.view, r.lse.view, only({"reference"}));
 
@@ -218,6 +221,30 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
     check(cfg, {128, 64, true});
     check(cfg, {384, 128, false});
   }
+}
+
+// Top-left block calls with a window, ALiBi and a softcap (cuda_sm90 runs them; docs/window.md):
+// the window and the distances count from the global diagonal, in blocks that the window cuts,
+// hides and leaves whole, with kv_block, dropout and a bias with its gradient.
+TEST_P(CudaGlobalCoordinates, WindowAlibiAndSoftcapAtGlobalPositions) {
+  if (GetParam() != "cuda_sm90") GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 alone";
+  Config cfg{.B = 2, .Hq = 4, .Hkv = 2, .Lq = 200, .Lk = 192, .D = 64};
+  cfg.dtype = DType::bf16;
+  cfg.causal = CausalMode::top_left;
+  cfg.dropout = 0.2;
+  cfg.window = Window{100, -1};
+  for (const Starts& s : {Starts{384, 128, false}, Starts{128, 64, true}, Starts{512, 64, false},
+                          Starts{64, 128, true}}) {
+    cfg.alibi = "none";
+    cfg.softcap = 0.0;
+    check(cfg, s);  // the window alone
+    cfg.alibi = "h";
+    cfg.softcap = 4.0;
+    check(cfg, s);
+  }
+  cfg.bias = "bhqk";
+  cfg.alibi = "bh";
+  check(cfg, {128, 64, true});
 }
 
 // Keys starting off the dropout map's 64-key blocks: the fused kernels take them without dropout

@@ -28,9 +28,10 @@ using test::HostTensor;
 using test::PackedCase;
 using test::PackedConfig;
 
-// Device copies of a packed case's tensors and offsets.
+// Device copies of a packed case's tensors, offsets and ALiBi slopes.
 struct DevicePacked : test::DeviceTensors {
   DeviceTensor cu_q, cu_k;
+  std::optional<DeviceTensor> slopes;
   PackedSequences packed;
 
   static HostTensor offsets(const std::vector<std::int32_t>& cu) {
@@ -40,6 +41,7 @@ struct DevicePacked : test::DeviceTensors {
   }
   explicit DevicePacked(const PackedCase& c)
       : DeviceTensors(c), cu_q(offsets(c.cu_q)), cu_k(offsets(c.cu_k)) {
+    if (c.slopes) slopes.emplace(*c.slopes);
     packed = c.packed();
     packed.cu_seqlens_q = cu_q.view;
     packed.cu_seqlens_k = cu_k.view;
@@ -50,6 +52,7 @@ struct DevicePacked : test::DeviceTensors {
     a.k = k.view;
     a.v = v.view;
     a.packed = packed;
+    if (slopes) a.alibi_slopes = slopes->view;
     return a;
   }
   CallInfo forward_on(const std::string& backend, const PackedCase& c) {
@@ -71,6 +74,7 @@ struct Reference {
     r.k = test::converted(c.k, DType::f64);
     r.v = test::converted(c.v, DType::f64);
     r.dout = test::converted(c.dout, DType::f64);
+    r.slopes = c.slopes;
     r.run_forward("reference");
     r.run_backward("reference");
   }
@@ -188,6 +192,37 @@ TEST_P(CudaPacked, EqualLengthsEqualTheDenseBatchBitForBit) {
       for (std::int64_t i = 0; i < L; ++i)
         ASSERT_EQ(lp.get(h * S * L + s * L + i), ld.get((s * H + h) * L + i))
             << "lse s=" << s << " h=" << h << " i=" << i;
+}
+
+// Window, ALiBi (slopes [S, Hq]) and the softcap (docs/window.md; cuda_sm90 runs them) align
+// with each sequence's own lengths: a window alone (the packed instantiations), with ALiBi and a
+// cap (the score modifiers' one), each causal mode, dropout, GQA, empty and single-row sequences
+// and keys of other lengths; then a zero-width window in fp16 at head dim 128, deterministic.
+TEST_P(CudaPacked, WindowAlibiAndSoftcapPerSequence) {
+  if (GetParam() != "cuda_sm90") GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 alone";
+  PackedConfig c{.seqlens_q = {17, 1, 0, 300, 129, 65},
+                 .seqlens_k = {40, 5, 3, 290, 129, 200},
+                 .Hq = 4,
+                 .Hkv = 2,
+                 .D = 64};
+  c.dtype = DType::bf16;
+  c.dropout = 0.1;
+  for (CausalMode m : {CausalMode::none, CausalMode::top_left, CausalMode::bottom_right}) {
+    c.causal = m;
+    c.window = Window{37, 5};
+    c.alibi = false;
+    c.softcap = 0.0;
+    check(c);
+    c.alibi = true;
+    c.softcap = 3.0;
+    check(c);
+  }
+  c.D = 128;
+  c.dtype = DType::f16;
+  c.causal = CausalMode::none;
+  c.window = Window{0, 0};
+  c.softcap = 0.0;
+  check(c, /*deterministic=*/true);
 }
 
 TEST_P(CudaPacked, BadOffsetsOnTheDeviceAreNamed) {

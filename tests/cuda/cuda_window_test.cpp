@@ -1,10 +1,12 @@
-// Sliding windows, ALiBi and softcapping in the Hopper forward (cuda_sm90; docs/window.md) against
-// the double-precision reference on the same rounded inputs and dropout mask: every causal
-// alignment with windows that cut tiles unevenly, windows wider than the sequence, zero-width
-// ones, rows left without a key; ALiBi per head and per batch; the softcap alone and with each way
-// the kernels read a bias; all of them with dropout, GQA, both dtypes and every head dim; and the
-// work a narrow window leaves: long sequences against the reference, and the time of a narrow
-// window against none.
+// Sliding windows, ALiBi and softcapping on the Hopper kernels (cuda_sm90; docs/window.md) against
+// the double-precision reference on the same rounded inputs and dropout mask, forward and backward
+// (the backward for the head dims it has, up to 128): every causal alignment with windows that
+// cut tiles unevenly, windows wider than the sequence, zero-width ones, rows left without a key;
+// ALiBi per head and per batch; the softcap alone and with each way the kernels read a bias (and
+// its gradient); all of them with dropout, GQA, both dtypes and every head dim; the deterministic
+// backward with a window; and the work a narrow window leaves: long sequences against the
+// reference, and the time of a narrow window against none. Packed sequences and global
+// coordinates have theirs in cuda_packed_test.cpp and cuda_global_coordinates_test.cpp.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -15,10 +17,12 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/host_tensor.h"
 #include "common/kernel_case.h"
+#include "cuda/backward_check.h"
 #include "cuda/device_tensor.h"
 #include "cuda/forward_check.h"
 #include "memeff/attention.h"
@@ -26,6 +30,7 @@
 namespace memeff {
 namespace {
 
+using test::BwdProblem;
 using test::DeviceTensor;
 using test::HostTensor;
 using test::KernelCase;
@@ -40,10 +45,11 @@ class Sm90Window : public test::PerBackend {
     c.backend = GetParam();
     return c;
   }
-  // The forward against the reference.
+  // Forward, then (for head dims the backward has) backward, each against the reference.
   static void check(const KernelCase& c, std::uint64_t data_seed) {
     SCOPED_TRACE(c.describe());
     test::expect_forward_matches(c, test::run_forward_case(c, data_seed));
+    if (std::max(c.D, c.dv()) <= 128) test::check_backward_case(c, data_seed);
   }
 };
 
@@ -73,7 +79,8 @@ TEST_P(Sm90Window, EachAlignmentWithWindowsThatCutTilesUnevenly) {
 }
 
 // A window wider than every distance bounds nothing; one of width zero shows each row its
-// diagonal key alone.
+// diagonal key alone, whose softmax is 1 whatever the score: dS is exactly 0 there, so dq, dk and
+// dbias are exactly 0 (core/visible_keys.h), and dv is the rows' dO.
 TEST_P(Sm90Window, WiderThanTheSequenceAndZeroWidth) {
   for (CausalMode mode : kModes) {
     for (const Window& w : {Window{5000, 5000}, Window{1000, -1}, Window{-1, 700}}) {
@@ -86,12 +93,21 @@ TEST_P(Sm90Window, WiderThanTheSequenceAndZeroWidth) {
     KernelCase c = make({.B = 2, .Lq = 200, .Lk = 200, .bias = "bhqk", .dropout = p});
     c.bias_dtype = p == 0.0 ? c.dtype : DType::f32;
     c.window = Window{0, 0};
-    check(c, 41);
+    SCOPED_TRACE(c.describe());
+    test::expect_forward_matches(c, test::run_forward_case(c, 41));
+    const BwdProblem pr(c, 42);
+    const test::Grads got = test::run_backward_case(c, pr);
+    for (std::int64_t i = 0; i < got.dq.numel(); ++i) ASSERT_EQ(got.dq.get(i), 0.0) << "dq " << i;
+    for (std::int64_t i = 0; i < got.dk.numel(); ++i) ASSERT_EQ(got.dk.get(i), 0.0) << "dk " << i;
+    for (std::int64_t i = 0; i < got.dbias->numel(); ++i) {
+      ASSERT_EQ(got.dbias->get(i), 0.0) << "dbias " << i;
+    }
+    test::expect_grad_close(c, "dv", got.dv, pr.ref.dv);
   }
 }
 
-// Rows whose window holds no key (the diagonal far before the keys, or past them) give out = 0
-// and lse = -inf, never NaN, while their neighbours' rows are right.
+// Rows whose window holds no key (the diagonal far before the keys, or past them) give out = 0,
+// lse = -inf and dq = 0, never NaN, while their neighbours' rows are right.
 TEST_P(Sm90Window, RowsWithoutAVisibleKey) {
   struct Shape {
     std::int64_t Lq, Lk;
@@ -108,12 +124,18 @@ TEST_P(Sm90Window, RowsWithoutAVisibleKey) {
       SCOPED_TRACE(c.describe());
       const test::ForwardResult r = test::run_forward_case(c, 50);
       test::expect_forward_matches(c, r);
+      const BwdProblem pr(c, 51);
+      const test::Grads got = test::run_backward_case(c, pr);
+      test::expect_grads_match(c, got, pr.ref);
       int empty_rows = 0;
       for (std::int64_t row = 0; row < c.B * c.Hq * c.Lq; ++row) {
         if (r.ref.lse.get(row) != -std::numeric_limits<double>::infinity()) continue;
         ++empty_rows;
         for (std::int64_t e = 0; e < c.dv(); ++e) {
           ASSERT_EQ(r.out.get(row * c.dv() + e), 0.0) << "out row " << row;
+        }
+        for (std::int64_t e = 0; e < c.D; ++e) {
+          ASSERT_EQ(got.dq.get(row * c.D + e), 0.0) << "dq row " << row;
         }
       }
       EXPECT_GT(empty_rows, 0) << "the shape leaves no row without keys";
@@ -140,8 +162,8 @@ TEST_P(Sm90Window, AlibiPerHeadAndPerBatchWithGqa) {
 }
 
 // The softcap where it saturates (0.5 with scale 1) and where it hardly bends (30), alone and
-// over a bias read each way (16-bit tiles, fp32 per score, a key-padding bias), with dropout and
-// both dtypes.
+// over a bias read each way (16-bit tiles, fp32 per score, a key-padding bias), with dropout,
+// both dtypes, and its gradient through dbias.
 TEST_P(Sm90Window, SoftcapAloneAndWithEachBiasRead) {
   std::uint64_t seed = 80;
   for (double cap : {0.5, 30.0}) {
@@ -161,8 +183,8 @@ TEST_P(Sm90Window, SoftcapAloneAndWithEachBiasRead) {
   }
 }
 
-// All three at once with a bias, dropout and GQA, on every head dim the forward has, both
-// dtypes.
+// All three at once with a bias, dropout and GQA, on every head dim the forward has (the
+// backward up to 128), both dtypes.
 TEST_P(Sm90Window, EverythingTogetherEachHeadDim) {
   std::uint64_t seed = 100;
   for (std::int64_t D : {64, 96, 128, 256}) {
@@ -178,9 +200,36 @@ TEST_P(Sm90Window, EverythingTogetherEachHeadDim) {
   }
 }
 
-// A window far narrower than the keys on long sequences: the key tiles outside it are skipped,
-// and what remains is right: out and lse against the reference, Lk = 4096 with windows of 128
-// keys.
+// The deterministic backward with a window: a query block's dQ is added by the key blocks the
+// window lets in, in their order from the first of them; two runs give the same bits, with a
+// bias whose gradient sums across CTAs, with ALiBi, and without either.
+TEST_P(Sm90Window, DeterministicBackwardWithAWindowIsBitwiseRepeatable) {
+  std::uint64_t seed = 120;
+  for (std::int64_t D : {64, 128}) {
+    for (const char* variant : {"plain", "11qk", "alibi"}) {
+      KernelCase c = make({.B = 2, .Hq = 4, .Hkv = 2, .Lq = 600, .Lk = 520, .D = D, .dropout = 0.1,
+                           .deterministic = true});
+      c.window = Window{100, 20};
+      if (std::string(variant) == "11qk") c.bias = "11qk";
+      if (std::string(variant) == "alibi") c.alibi = "h";
+      SCOPED_TRACE(c.describe());
+      const BwdProblem pr(c, ++seed);
+      const test::Grads first = test::run_backward_case(c, pr);
+      const test::Grads second = test::run_backward_case(c, pr);
+      EXPECT_TRUE(test::bitwise_equal(first.dq, second.dq)) << "dq differs between runs";
+      EXPECT_TRUE(test::bitwise_equal(first.dk, second.dk)) << "dk differs between runs";
+      EXPECT_TRUE(test::bitwise_equal(first.dv, second.dv)) << "dv differs between runs";
+      if (c.has_bias()) {
+        EXPECT_TRUE(test::bitwise_equal(*first.dbias, *second.dbias)) << "dbias differs";
+      }
+      test::expect_grads_match(c, first, pr.ref);
+    }
+  }
+}
+
+// A window far narrower than the keys on long sequences: the key tiles outside it are skipped
+// (forward) and the query blocks outside it too (backward), and what remains is right: out,
+// lse and the gradients against the reference, Lk = 4096 with windows of 128 keys.
 TEST_P(Sm90Window, NarrowWindowOnLongSequencesMatchesTheReference) {
   for (CausalMode mode : {kTopLeft, kNone}) {
     KernelCase c =
@@ -216,24 +265,34 @@ double median_ms(const std::function<void()>& run) {
 }
 
 // The work follows the window: with 16384 keys, a causal window of 128 leaves about 1/64 of the
-// causal products, and the forward takes well under a quarter of the causal time (a bound loose
-// enough for launch overheads and the tiles the window cuts).
+// causal products, and the forward and the backward take well under a quarter of the causal
+// time (a bound loose enough for launch overheads and the tiles the window cuts).
 TEST_P(Sm90Window, NarrowWindowSkipsTheWork) {
   const std::int64_t L = 16384, H = 8, D = 64;
   HostTensor q(DType::bf16, {1, H, L, D}), k(DType::bf16, {1, H, L, D}),
-      v(DType::bf16, {1, H, L, D}), out(DType::bf16, {1, H, L, D}), lse(DType::f32, {1, H, L});
+      v(DType::bf16, {1, H, L, D}), dout(DType::bf16, {1, H, L, D}), out(DType::bf16, {1, H, L, D}),
+      lse(DType::f32, {1, H, L});
   std::mt19937_64 rng(7);
-  for (HostTensor* t : {&q, &k, &v}) test::fill_uniform(*t, rng, -1.0, 1.0);
-  DeviceTensor d_q(q), d_k(k), d_v(v), d_out(out), d_lse(lse);
+  for (HostTensor* t : {&q, &k, &v, &dout}) test::fill_uniform(*t, rng, -1.0, 1.0);
+  DeviceTensor d_q(q), d_k(k), d_v(v), d_dout(dout), d_out(out), d_lse(lse), g_q(q), g_k(k), g_v(v);
   AttentionArgs a = test::attention_args(d_q, d_k, d_v);
   a.causal = kTopLeft;
   const Options only = test::only({GetParam()});
-  auto time_ms = [&](Window w) {
+  auto times = [&](Window w) {  // the backward reads the forward's out and lse
     a.window = w;
-    return median_ms([&] { forward(a, d_out.view, d_lse.view, only); });
+    const double fwd = median_ms([&] { forward(a, d_out.view, d_lse.view, only); });
+    const double bwd = median_ms([&] {
+      backward(a, {d_dout.view, d_out.view, d_lse.view, g_q.view, g_k.view, g_v.view, std::nullopt},
+               only);
+    });
+    return std::pair{fwd, bwd};
   };
-  const double causal = time_ms(Window{}), window = time_ms(Window{127, 0});
-  EXPECT_LT(window, 0.25 * causal) << "forward ms: window " << window << ", causal " << causal;
+  const auto [causal_fwd, causal_bwd] = times(Window{});
+  const auto [window_fwd, window_bwd] = times(Window{127, 0});
+  EXPECT_LT(window_fwd, 0.25 * causal_fwd)
+      << "forward ms: window " << window_fwd << ", causal " << causal_fwd;
+  EXPECT_LT(window_bwd, 0.25 * causal_bwd)
+      << "backward ms: window " << window_bwd << ", causal " << causal_bwd;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Sm90Window, ::testing::Values("cuda_sm90"), test::backend_name);

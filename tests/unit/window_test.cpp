@@ -420,8 +420,8 @@ TEST(WindowValidation, BadValuesNameTheirArgument) {
 }
 
 // Backends without the features refuse them by name, one reason each; the CUDA backends (built
-// here or not) say so in the dispatcher's explanation, but cuda_sm90's forward, whose kernels
-// take all three (docs/window.md), which names none of them.
+// here or not) say so in the dispatcher's explanation, but cuda_sm90, whose kernels take all
+// three (docs/window.md), which names none of them.
 TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
   Problem p;
   EXPECT_TRUE(score_modifier_reasons(p, "cuda").empty());
@@ -453,7 +453,7 @@ TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
         if (report.name != name) continue;
         for (const std::string& reason : report.reasons) all += reason + "\n";
       }
-      if (name == "cuda_sm90" && pass == Pass::forward) {
+      if (name == "cuda_sm90") {
         EXPECT_FALSE(contains(all, "window")) << all;
         EXPECT_FALSE(contains(all, "softcap")) << all;
         continue;

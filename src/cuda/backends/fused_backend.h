@@ -43,9 +43,8 @@ class FusedBackend final : public CudaBackendBase {
   std::vector<std::string> reasons_unsupported(const Problem& pb, Pass pass) const override {
     cuda::DeviceCaps caps;
     bool usable = false;
-    // The sm90 backward does not have them yet: its pass still refuses them.
-    std::vector<std::string> reasons = fused_problem_reasons(
-        pb, Family::kBackend, Family::kScoreModifiers && pass == Pass::forward, caps, usable);
+    std::vector<std::string> reasons =
+        fused_problem_reasons(pb, Family::kBackend, Family::kScoreModifiers, caps, usable);
     if (!usable) return reasons;
     const std::vector<std::string> family =
         pass == Pass::forward ? Family::forward_reasons(cuda::forward_params(pb), caps)

@@ -81,6 +81,10 @@ __device__ __forceinline__ float unpack_hi<__half>(std::uint32_t w) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
 }
 
+// The 16 bits of a 16-bit value.
+__device__ __forceinline__ std::uint16_t bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ std::uint16_t bits16(__half x) { return __half_as_ushort(x); }
+
 // This lane's share of Σ_e a[e]·b[e] over n elements (n a multiple of 8, rows 16-byte aligned)
 // when `lanes` lanes share the row: 16-byte loads of both at lane·8, lane·8 + 8·lanes, ...
 template <class T>

@@ -30,6 +30,14 @@
 // 64 keys' entries from there and passes a barrier before its dS overwrites them. Any other bias
 // is read per score from global memory (BiasColumns; a key-padding bias once per block).
 //
+// Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md): a key block walks
+// only the query blocks that see one of its keys (KeyMask::query_blocks), so its work follows the
+// window; steps the window cuts get its element mask, and rows that see a single key (by the
+// window's count) dS = 0. The deterministic mode adds a key block's dQ at its place among the key
+// blocks that reach the query block, counted from the first the window lets in. The window is in
+// every instantiation but the per-score bias's; ALiBi and the cap (whose derivative 1 - tanh²
+// multiplies dS after dbias took it) in one more per dtype and head dim (kMods below).
+//
 // Packed sequences (kPacked, params.h: cu_seqlens_q/k): the grid is (key tiles, Hkv) and CTA x
 // takes the key block of the varlen tile scheduler over cu_seqlens_k
 // (src/cuda/kernels/common/varlen.cuh), so a sequence gets one CTA per 128 of its keys (one with
@@ -46,6 +54,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dropout_map.h"
 #include "cuda/kernels/common/bwd_dbias.cuh"
@@ -53,6 +62,7 @@
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/score_modifiers.cuh"
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/common/types.cuh"
 #include "cuda/kernels/common/varlen.cuh"
@@ -130,13 +140,81 @@ __device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const B
   return &slot;
 }
 
+// The columns [lo[hh], hi[hh]) of a thread's Sᵀ fragment (c = 8n + e: query m0 + 2t + c) whose
+// queries see its key key0 + hh under `mask` (KeyMask::rows_of_key), clamped to the fragment.
+template <int kNT>
+__device__ __forceinline__ void visible_columns(const KeyMask& mask, std::int64_t m0, int t,
+                                                std::int64_t key0, int (&lo)[2], int (&hi)[2]) {
+  auto column = [&](std::int64_t i) {
+    return static_cast<int>(
+        max(min(i - m0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
+  };
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const detail::KeySpan rows = mask.rows_of_key(key0 + hh);
+    lo[hh] = column(rows.begin);
+    hi[hh] = column(rows.end);
+  }
+}
+
+// dS = 0 in the columns of a thread's Sᵀ fragment whose query sees a single key (bit 2n + e of
+// `single`: KeyMask::single_key_rows, the window's rule; core/visible_keys.h). dS is 0 but for a
+// NaN or Inf, which is the data's, not rounding's (docs/api.md): x·0 is 0 for finite x and NaN
+// otherwise.
+template <int kNT>
+__device__ __forceinline__ void zero_single_key_columns(float (&ds)[kNT][4], std::uint32_t single) {
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if ((single >> (2 * n + e)) & 1u) {
+        ds[n][e] *= 0.0f;
+        ds[n][2 + e] *= 0.0f;
+      }
+    }
+}
+
+// Dropout's mask of element (n, r) of an Sᵀ fragment from the step's keep words (nibble n % 8 of
+// word n / 8, bit 2e + hh): all ones where kept, 0 where dropped (the bit moved to the sign, then
+// replicated).
+__device__ __forceinline__ std::uint32_t kept_mask(const std::uint32_t* keep, int n, int r) {
+  return static_cast<std::uint32_t>(
+      static_cast<std::int32_t>(keep[n / 8] << (31 - (4 * (n % 8) + 2 * (r & 1) + (r >> 1)))) >>
+      31);
+}
+
+// An Sᵀ-layout accumulator as wgmma A fragments (16 queries per k-step).
+template <class T, int kNT>
+__device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
+                                               const float (&a)[kNT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kNT / 2; ++kk) {
+    f[kk][0] = pack2<T>(a[2 * kk][0], a[2 * kk][1]);
+    f[kk][1] = pack2<T>(a[2 * kk][2], a[2 * kk][3]);
+    f[kk][2] = pack2<T>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
+    f[kk][3] = pack2<T>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
+  }
+}
+
 // kBiasTiles: a 16-bit bias that varies over queries arrives by TMA with each step's Q and dO,
 // into the step's dS buffer (see the producer below); else a bias is read per score.
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles>
+//
+// kMods: the one instantiation per dtype and head dim with ALiBi and the softcap (ScoreMods), for
+// calls that have either, and for windowed calls with a bias read per score. Its dropout, bias
+// and packed layout follow the params at run time (kDropout, kBias: a bias when p.bias is set,
+// read per score; kPacked false), and its step computes P and dS in its own code (the kMods
+// branch of the main loop). The other instantiations take the window alone (but the per-score
+// bias's), behind tests of p.mods.flags the whole CTA takes alike.
+template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
+          bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
   static_assert(kBias || !kBiasTiles, "bias tiles are a bias");
+  static_assert(!kMods || (kDropout && kBias && !kPacked && !kBiasTiles),
+                "the score-modifier kernel takes dropout, a bias and packing at run time");
+  // Instantiations with the window's code (the modifiers' kernel, and all but the per-score bias).
+  constexpr bool kWindowCode = kMods || !kBias || kBiasTiles;
   static_assert(!kBiasTiles || Tr::kStages == 2,
                 "the bias of step it lands in dS buffer it % 2, freed with Q/dO stage it % 2");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -147,6 +225,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kNT = Tr::kNT, kDT = Tr::kDT, kStages = Tr::kStages;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
   const BackwardParams& p = tp.p;
+  // What the params switch on at run time in the modifiers' kernel (constants elsewhere).
+  const bool packed_call = kPacked || (kMods && p.cu_seqlens_q != nullptr);
+  const bool has_bias = kBias && (!kMods || p.bias != nullptr);
+  const bool dropout_on = kDropout && (!kMods || p.has_dropout);
+  const bool window = kWindowCode && (p.mods.flags & ScoreMods::kWindow) != 0;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -163,30 +246,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warpgroup = __shfl_sync(0xFFFFFFFFu, tid / 128, 0);
   // Packed: the CTA's key block and sequence (an extra CTA-wide barrier); one past the last tile
   // leaves at once, every thread, before any barrier is set up. The dense code below reads the
-  // problem's values wherever a packed call reads the sequence's (kPacked ? pk.x : p.x).
+  // problem's values wherever a packed call reads the sequence's (packed_call ? pk.x : p.x).
   // The consumers read the values their main loop needs (keys, first key row, workspace block)
   // from pk_smem where they use them, not from registers held through the loop: the head-dim-128
   // backward is at its register limit.
   [[maybe_unused]] PackedKeyBlock pk{};
   [[maybe_unused]] const PackedKeyBlock* pk_smem = nullptr;
-  if constexpr (kPacked) {
+  if (packed_call) {
     pk_smem = packed_key_block_of_cta<kBlockN, kBlockM>(p);
     pk = *pk_smem;
     if (!pk.valid) return;
   }
-  const int key_block = kPacked ? pk.block : static_cast<int>(blockIdx.x) + tp.key_block_base;
+  const int key_block = packed_call ? pk.block : static_cast<int>(blockIdx.x) + tp.key_block_base;
   const int y = static_cast<int>(blockIdx.y) + tp.head_base;
   // Packed: b = the sequence (the dropout map's b; the b strides are 0), grid y the kv head.
-  const int b = kPacked ? pk.seq : y / p.Hkv, kvh = kPacked ? y : y % p.Hkv;
+  const int b = packed_call ? pk.seq : y / p.Hkv, kvh = packed_call ? y : y % p.Hkv;
   const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBlockN;
 
   // Query blocks that see any key of this block: all, or (causal) those with a row i where
-  // n0 <= i + shift for some i in the block.
-  const int m_blocks = kPacked ? (pk.Lq + kBlockM - 1) / kBlockM : tp.m_blocks;
-  const int m_begin =
-      KeyMask{is_causal(p), kPacked ? pk.Lk : p.Lk, kPacked ? pk.causal_shift : p.causal_shift}
-          .first_query_block<kBlockM>(n0, m_blocks);
-  const int m_count = m_blocks - m_begin;
+  // n0 <= i + shift for some i in the block; a window also ends them (KeyMask::query_blocks).
+  const int m_blocks = packed_call ? (pk.Lq + kBlockM - 1) / kBlockM : tp.m_blocks;
+  const std::int64_t block_Lk = packed_call ? pk.Lk : p.Lk;
+  const std::int64_t block_shift = packed_call ? pk.causal_shift : p.causal_shift;
+  int m_begin =
+      KeyMask{is_causal(p), block_Lk, block_shift}.first_query_block<kBlockM>(n0, m_blocks);
+  int m_count = m_blocks - m_begin;
+  if constexpr (kWindowCode) {
+    if (window) {
+      const BlockRange range =
+          KeyMask{is_causal(p), block_Lk, block_shift, p.mods.left_reach, p.mods.right_reach}
+              .query_blocks<kBlockM, kBlockN>(n0, m_blocks);
+      m_begin = range.begin;
+      m_count = range.count();
+    }
+  }
   const int items = m_count * p.group;  // (query head of the group, query block) steps
 
   if (tid == 0) {
@@ -214,7 +307,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         mbar_wait(empty(s), phase ^ 1);
         mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes + (kBiasTiles ? Tr::kDsBytes : 0));
         // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
-        const int row = m * kBlockM + (kPacked ? pk.q0 : 0), batch = kPacked ? 0 : b;
+        const int row = m * kBlockM + (packed_call ? pk.q0 : 0), batch = packed_call ? 0 : b;
 #pragma unroll
         for (int db = 0; db < Tr::kDBlocks; ++db) {
           tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
@@ -250,23 +343,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The sequence's keys (dense: the problem's, read from the params where used: a local copy would
   // hold two more registers through the main loop); packed: its first key row and its first query
   // block in the workspace's per-head layout.
+  // (The modifiers' kernel tells packed calls apart at run time; the others at compile time,
+  // which keeps their main loops' code as it was.)
   auto seq_Lk = [&]() -> std::int64_t {
-    if constexpr (kPacked) {
-      return pk_smem->Lk;
+    if constexpr (kPacked || kMods) {
+      return packed_call ? pk_smem->Lk : p.Lk;
     } else {
       return p.Lk;
     }
   };
   auto k0 = [&]() -> std::int64_t {
-    if constexpr (kPacked) {
-      return pk_smem->k0;
+    if constexpr (kPacked || kMods) {
+      return packed_call ? pk_smem->k0 : 0;
     } else {
       return 0;
     }
   };
   [[maybe_unused]] auto m_base = [&]() -> std::int64_t {
-    if constexpr (kPacked) {
-      return pk_smem->m_base;
+    if constexpr (kPacked || kMods) {
+      return packed_call ? pk_smem->m_base : 0;
     } else {
       return 0;
     }
@@ -300,15 +395,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   detail::DropoutKey rng_key{0u, 0u};
-  if constexpr (kDropout) {
+  if (dropout_on) {
     const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
     const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
     rng_key = detail::dropout_key(seed, offset);
   }
   // dV, dK, dQ and dbias are accumulated from Pᵀ∘M and dSᵀ / keep_scale (see the dS step).
-  const float ds_scale = kDropout ? p.keep_scale : 1.0f;
+  const float ds_scale = dropout_on ? p.keep_scale : 1.0f;
   const bool causal = is_causal(p);
-  const std::int64_t causal_shift = kPacked ? pk.causal_shift : p.causal_shift;
+  const std::int64_t causal_shift = packed_call ? pk.causal_shift : p.causal_shift;
   // This thread's keys (its rows of Sᵀ in row halves 0 and 1): key0 and key0 + 1.
   const std::int64_t key0 = n0 + 64 * wg + 8 * g + 2 * warp;
   // The dropout map's block of these keys and (below) rows: global coordinates (params.h).
@@ -334,18 +429,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const std::uint64_t kdq_desc = smem_desc_sw128(
       sK + (Tr::kDqSplitRows ? 0 : wg * Tr::kKVBlockBytes), Tr::kKVBlockBytes, 1024);
 
-  const DbiasMode dbias_mode = kBias ? tp.dbias_mode : DbiasMode::none;
-  const std::int64_t bias_b = kBias ? b * p.bias_stride.b : 0;
-  const float score_limit = kBias ? bias_score_limit(p.scale) : 0.0f;
+  const DbiasMode dbias_mode = has_bias ? tp.dbias_mode : DbiasMode::none;
+  const std::int64_t bias_b = has_bias ? b * p.bias_stride.b : 0;
+  const float score_limit = has_bias ? bias_score_limit(p.scale) : 0.0f;
   unsigned char* const dq_stage = smem + Tr::kOffDq + wg * Tr::kDqBytes;
 
   // Dropout keep-bits of an item: keep[kb] nibble n' bit 2e + h is the element of row half h
   // and column e of n8 tile 8·kb + n'. Drawn while the tensor cores run the item's Sᵀ and dPᵀ
   // (measured on the H200: drawing the next item's under dV, dK and dQ instead was 2% slower on
-  // the head-dim-128 shapes and spilled with 128 queries per step).
+  // the head-dim-128 shapes and spilled with 128 queries per step). The modifiers' kernel without
+  // dropout keeps every element (words of ones: no Philox calls).
   constexpr int kKeepWords = kDropout ? kNT / 8 : 1;
   auto draw_keep = [&](int item, std::uint32_t(&words)[kKeepWords]) {
-    if constexpr (kDropout) {
+    if (kDropout && !dropout_on) {
+#pragma unroll
+      for (int kb = 0; kb < kKeepWords; ++kb) words[kb] = ~0u;
+    } else if constexpr (kDropout) {
       const int hg = item / m_count, m = m_begin + item % m_count;
       const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + kvh * p.group + hg;
       const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
@@ -382,7 +481,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (stat_copier) {
       const int hg = item / m_count, m = m_begin + item % m_count;
       std::int64_t row;
-      if constexpr (kPacked) {  // the sequence's region of head h (b strides are 0)
+      if (packed_call) {  // the sequence's region of head h (b strides are 0)
         row =
             (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base() + m) * kBlockM;
       } else {
@@ -434,126 +533,259 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     wgmma_commit();
     draw_keep(it, keep);
 
-    const bool need_mask =
-        n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
-    // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked. bias_at(n, r): the
-    // entry of fragment element (n, r).
-    auto scores_to_p = [&](auto bias_at) {
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float lse2 = (r & 1) ? l2.y : l2.x;
-          float x;
-          if constexpr (kBias) {
-            // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
-            x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)), kLog2e,
-                     -lse2);
-          } else {
-            x = fmaf(sacc[n][r], p.scale_log2, -lse2);
-          }
-          sacc[n][r] = fast_exp2(x);
-        }
-      }
-    };
-    if constexpr (kBiasTiles) {
-      // This warpgroup's entries in the dS buffer (the producer's boxes): query 8n + 2t + e of
-      // the block in row 8(n % 8) + 2t + e of box n / 8, its keys key0, key0 + 1 (8g + 2·warp
-      // of the warpgroup's 64) in one 4-byte word of 16-byte chunk g, swizzled by the row.
-      const unsigned char* const tile = smem + Tr::kOffDs + buf * Tr::kDsBytes + wg * 64 * 128;
-      wgmma_wait<1>();
-      fence_operands(sacc);
-      scores_to_p([&](int n, int r) {
-        const int row = 8 * (n % 8) + 2 * t + (r & 1);
-        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
-            tile + (n / 8) * (kBlockN * 128) + row * 128 + (((g ^ row) & 7) << 4) + 4 * warp);
-        return (r >> 1) ? unpack_hi<T>(w) : unpack_lo<T>(w);
-      });
-    } else if constexpr (kBias) {
-      const BiasColumns<T> bc =
-          bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l, m0,
-                          t, key0, p.Lq, p.Lk);
-      wgmma_wait<1>();
-      fence_operands(sacc);
-      if (bc.per_key()) {  // a key-padding mask: the two entries read above
-        scores_to_p([&](int n, int r) {
-          return 8 * n + 2 * t + (r & 1) < bc.rows ? ((r >> 1) ? bc.key_hi : bc.key_lo) : 0.0f;
-        });
-      } else {
-        scores_to_p([&](int n, int r) { return bc.at(8 * n + (r & 1), t, r >> 1); });
-      }
-    } else {
-      wgmma_wait<1>();
-      fence_operands(sacc);
-      scores_to_p([](int, int) { return 0.0f; });
-    }
-    if (need_mask) {
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
-          if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
-        }
-    }
-
-    // dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta) into dpacc, Pᵀ ∘ Z into sacc. With dropout Z = M·keep_scale
-    // (M the 0/1 mask) and both are kept divided by keep_scale: Pᵀ∘M and Pᵀ∘(M∘dPᵀ − delta /
-    // keep_scale) (the preprocess stores delta / keep_scale), a mask and two ANDs per element
-    // more than without dropout; the epilogues, the dQ conversion and dbias multiply keep_scale
-    // back in (ds_scale).
-    wgmma_wait<0>();
-    fence_operands(dpacc);
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int e = r & 1, hh = r >> 1;
-        const float pv = sacc[n][r];
-        if constexpr (kDropout) {
-          // All ones where kept, 0 where dropped: the bit moved to the sign, then replicated.
-          const std::uint32_t kept = static_cast<std::uint32_t>(
-              static_cast<std::int32_t>(keep[n / 8] << (31 - (4 * (n % 8) + 2 * e + hh))) >> 31);
-          sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
-          dpacc[n][r] =
-              pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
-        } else {
-          dpacc[n][r] = pv * (dpacc[n][r] - (e ? dl.y : dl.x));
-        }
+    // Whether the step's (keys, queries) tile needs the element mask: the window's test in the
+    // instantiations that have it (when the call has one), else the causal mask's and Lk's.
+    bool need_mask = n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
+    if constexpr (kWindowCode) {
+      if (window) {
+        need_mask = KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}
+                        .template tile_needs_mask<kBlockM, kBlockN>(m0, n0);
       }
     }
-    // kv_block: the row may see other keys elsewhere (never packed: validation).
-    if (need_mask && (kPacked || !p.kv_block)) {
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          // dS is 0 but for a NaN or Inf, which is the data's, not rounding's (docs/api.md):
-          // x·0 is 0 for finite x and NaN otherwise.
-          if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
-            dpacc[n][e] *= 0.0f;
-            dpacc[n][2 + e] *= 0.0f;
-          }
-        }
-    }
-    if constexpr (kBias) {
-      write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1, t);
-    }
-
     // Pᵀ∘Z and dSᵀ as wgmma A fragments (16 queries per k-step).
     std::uint32_t pf[Tr::kKVSteps][4], dsf[Tr::kKVSteps][4];
+    if constexpr (kMods) {
+      // The modifiers' step from Sᵀ and dPᵀ (waiting for them) to pf = Pᵀ∘Z and dsf = dSᵀ of the
+      // scaled product, with dbias written on the way: the score is cap(scale·s) + bias -
+      // slope·|i + shift - j| (each where the call has it), masked by the window, the causal
+      // mask and Lk (need_mask), and the cap's derivative 1 - tanh² multiplies dS after dbias
+      // took it. Without a cap P is computed while dPᵀ is still on the tensor cores, as in the
+      // plain step; with one, the cap, P and dS of each element in one pass after it (ptxas,
+      // sm_90a, head dim 64: capping first, while dPᵀ ran, spilled half as much again).
+      const KeyMask mask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach};
+      const bool cap = (p.mods.flags & ScoreMods::kSoftcap) != 0;
+      const float slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
+      // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
+      const float diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
+      BiasColumns<T> bc;
+      if (has_bias) {
+        bc = bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
+                             m0, t, key0, p.Lq, p.Lk);
+      }
+      int lo[2] = {0, 0}, hi[2] = {8 * kNT, 8 * kNT};
+      if (need_mask) visible_columns<kNT>(mask, m0, t, key0, lo, hi);
+      // P of element (n, r) from its score sv in units of q·k (capped already where the call
+      // has a cap); 0 where masked. A -inf bias masks the key whatever sv holds (mask.cuh).
+      auto p_of = [&](int n, int r, float sv) {
+        const int c = 8 * n + (r & 1), hh = r >> 1;
+        float x = sv * p.scale;
+        if (has_bias) {
+          const float entry = bc.per_key()
+                                  ? (c + 2 * t < bc.rows ? (hh ? bc.key_hi : bc.key_lo) : 0.0f)
+                                  : bc.at(c, t, hh);
+          x = fmaf(bias_safe_score(sv, score_limit), p.scale, entry);
+        }
+        x = fmaf(-slope, fabsf(diagonal + static_cast<float>(c - hh)), x);
+        const float pv = fast_exp2(fmaf(x, kLog2e, -lse_s[c + 2 * t]));
+        return c < lo[hh] || c >= hi[hh] ? 0.0f : pv;
+      };
+      wgmma_wait<1>();
+      fence_operands(sacc);
+      if (!cap) {  // P while dPᵀ is still on the tensor cores
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
-      pf[kk][0] = pack2<T>(sacc[2 * kk][0], sacc[2 * kk][1]);
-      pf[kk][1] = pack2<T>(sacc[2 * kk][2], sacc[2 * kk][3]);
-      pf[kk][2] = pack2<T>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-      pf[kk][3] = pack2<T>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-      dsf[kk][0] = pack2<T>(dpacc[2 * kk][0], dpacc[2 * kk][1]);
-      dsf[kk][1] = pack2<T>(dpacc[2 * kk][2], dpacc[2 * kk][3]);
-      dsf[kk][2] = pack2<T>(dpacc[2 * kk + 1][0], dpacc[2 * kk + 1][1]);
-      dsf[kk][3] = pack2<T>(dpacc[2 * kk + 1][2], dpacc[2 * kk + 1][3]);
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) sacc[n][r] = p_of(n, r, sacc[n][r]);
+      }
+      wgmma_wait<0>();
+      fence_operands(dpacc);
+      // dS as the plain step has it (Pᵀ∘(M∘dPᵀ − delta / keep_scale), dropout's mask all ones
+      // without dropout), 0 in the columns of a query that sees a single key (bit 2n + e of
+      // `single`; kv_block: it may see other keys elsewhere, never packed). dbias takes it from
+      // the fragment after the loop, before the cap's derivative: with a cap, Pᵀ∘Z (in T, as pf
+      // holds it) and 1 - tanh² (fp16: it lies in [0, 1]) share each element's register in sacc
+      // meanwhile, so no fragment beyond the plain step's is held (ptxas, sm_90a, head dim 64: a
+      // separate one serialized the wgmmas; writing dbias element by element took ptxas 15 s).
+      const std::uint32_t single =
+          need_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
+      auto ds_loop = [&](auto with_cap) {
+        constexpr bool kCap = decltype(with_cap)::value;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int e = r & 1;
+            float pv = sacc[n][r], cap_grad = 1.0f;
+            if constexpr (kCap) {
+              const float capped = softcap_score(sacc[n][r], p.mods);
+              const float th = capped * p.mods.softcap_in;  // tanh(scale·s / softcap)
+              pv = p_of(n, r, capped);
+              cap_grad = fmaf(-th, th, 1.0f);
+            }
+            const std::uint32_t kept = kept_mask(keep, n, r);
+            dpacc[n][r] = pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) -
+                                delta_s[8 * n + 2 * t + e]);
+            if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
+            const float pz = __uint_as_float(__float_as_uint(pv) & kept);
+            if constexpr (kCap) {
+              sacc[n][r] = __uint_as_float((std::uint32_t{bits16(from_float<T>(pz))} << 16) |
+                                           bits16(__float2half_rn(cap_grad)));
+            } else {
+              sacc[n][r] = pz;
+            }
+          }
+        }
+      };
+      if (cap) {
+        ds_loop(std::true_type{});
+      } else {
+        ds_loop(std::false_type{});
+      }
+      if (has_bias) {
+        write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1, t);
+      }
+      if (cap) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const std::uint32_t w = __float_as_uint(sacc[n][r]);
+            dpacc[n][r] *= __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
+          }
+          // pf pairs (element 0 low, 1 high) from the upper halves.
+          pf[n / 2][2 * (n % 2)] =
+              __byte_perm(__float_as_uint(sacc[n][0]), __float_as_uint(sacc[n][1]), 0x7632);
+          pf[n / 2][2 * (n % 2) + 1] =
+              __byte_perm(__float_as_uint(sacc[n][2]), __float_as_uint(sacc[n][3]), 0x7632);
+        }
+      } else {
+        pack_fragments<T>(pf, sacc);
+      }
+      pack_fragments<T>(dsf, dpacc);
+    } else {
+      // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked. bias_at(n, r): the
+      // entry of fragment element (n, r).
+      auto scores_to_p = [&](auto bias_at) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float lse2 = (r & 1) ? l2.y : l2.x;
+            float x;
+            if constexpr (kBias) {
+              // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+              x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)),
+                       kLog2e, -lse2);
+            } else {
+              x = fmaf(sacc[n][r], p.scale_log2, -lse2);
+            }
+            sacc[n][r] = fast_exp2(x);
+          }
+        }
+      };
+      if constexpr (kBiasTiles) {
+        // This warpgroup's entries in the dS buffer (the producer's boxes): query 8n + 2t + e of
+        // the block in row 8(n % 8) + 2t + e of box n / 8, its keys key0, key0 + 1 (8g + 2·warp
+        // of the warpgroup's 64) in one 4-byte word of 16-byte chunk g, swizzled by the row.
+        const unsigned char* const tile = smem + Tr::kOffDs + buf * Tr::kDsBytes + wg * 64 * 128;
+        wgmma_wait<1>();
+        fence_operands(sacc);
+        scores_to_p([&](int n, int r) {
+          const int row = 8 * (n % 8) + 2 * t + (r & 1);
+          const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
+              tile + (n / 8) * (kBlockN * 128) + row * 128 + (((g ^ row) & 7) << 4) + 4 * warp);
+          return (r >> 1) ? unpack_hi<T>(w) : unpack_lo<T>(w);
+        });
+      } else if constexpr (kBias) {
+        const BiasColumns<T> bc =
+            bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
+                            m0, t, key0, p.Lq, p.Lk);
+        wgmma_wait<1>();
+        fence_operands(sacc);
+        if (bc.per_key()) {  // a key-padding mask: the two entries read above
+          scores_to_p([&](int n, int r) {
+            return 8 * n + 2 * t + (r & 1) < bc.rows ? ((r >> 1) ? bc.key_hi : bc.key_lo) : 0.0f;
+          });
+        } else {
+          scores_to_p([&](int n, int r) { return bc.at(8 * n + (r & 1), t, r >> 1); });
+        }
+      } else {
+        wgmma_wait<1>();
+        fence_operands(sacc);
+        scores_to_p([](int, int) { return 0.0f; });
+      }
+      if constexpr (kWindowCode) {
+        if (need_mask && window) {  // the window's span of queries per key row, as columns
+          int lo[2], hi[2];
+          visible_columns<kNT>(
+              KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}, m0, t,
+              key0, lo, hi);
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int c = 8 * n + (r & 1);
+              if (c < lo[r >> 1] || c >= hi[r >> 1]) sacc[n][r] = 0.0f;
+            }
+        }
+      }
+      if (need_mask && !window) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
+            if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
+          }
+      }
+
+      // dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta) into dpacc, Pᵀ ∘ Z into sacc. With dropout Z = M·keep_scale
+      // (M the 0/1 mask) and both are kept divided by keep_scale: Pᵀ∘M and Pᵀ∘(M∘dPᵀ − delta /
+      // keep_scale) (the preprocess stores delta / keep_scale), a mask and two ANDs per element
+      // more than without dropout; the epilogues, the dQ conversion and dbias multiply keep_scale
+      // back in (ds_scale).
+      wgmma_wait<0>();
+      fence_operands(dpacc);
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int e = r & 1, hh = r >> 1;
+          const float pv = sacc[n][r];
+          if constexpr (kDropout) {
+            // All ones where kept, 0 where dropped: the bit moved to the sign, then replicated.
+            const std::uint32_t kept = static_cast<std::uint32_t>(
+                static_cast<std::int32_t>(keep[n / 8] << (31 - (4 * (n % 8) + 2 * e + hh))) >> 31);
+            sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
+            dpacc[n][r] =
+                pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
+          } else {
+            dpacc[n][r] = pv * (dpacc[n][r] - (e ? dl.y : dl.x));
+          }
+        }
+      }
+      // kv_block: the row may see other keys elsewhere (never packed: validation).
+      if (need_mask && (packed_call || !p.kv_block)) {
+        bool zeroed = false;
+        if constexpr (kWindowCode) {
+          if (window) {
+            zero_single_key_columns(dpacc, KeyMask{causal, seq_Lk(), causal_shift,
+                                                   p.mods.left_reach, p.mods.right_reach}
+                                               .template single_key_rows<kNT>(m0 + 2 * t));
+            zeroed = true;
+          }
+        }
+        if (!zeroed) {
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              // dS is 0 but for a NaN or Inf, which is the data's, not rounding's (docs/api.md):
+              // x·0 is 0 for finite x and NaN otherwise.
+              if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
+                dpacc[n][e] *= 0.0f;
+                dpacc[n][2 + e] *= 0.0f;
+              }
+            }
+        }
+      }
+      if constexpr (kBias) {
+        write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1, t);
+      }
+      pack_fragments<T>(pf, sacc);
+      pack_fragments<T>(dsf, dpacc);
     }
 
     // dV += (Pᵀ∘Z)·dO and dK += dSᵀ·Q.
@@ -615,21 +847,33 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     named_bar_sync(Tr::kDqBarrier + wg, 128);
     if (ctid == 0) {
       std::int64_t chunk;
-      if constexpr (kPacked) {
+      if (packed_call) {
         chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
       } else {
         chunk = (bh * m_blocks + m) * 2 + wg;
+      }
+      // Deterministic mode: the key blocks that add into a chunk are a run of consecutive ones
+      // (KeyMask: from the first key tile of query block m, 0 without a left window bound), and
+      // this one's turn is its place in the run.
+      int turn_of_block = key_block;
+      if constexpr (kWindowCode) {
+        if (window) {
+          turn_of_block -=
+              KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}
+                  .template key_tile_range<kBlockM, kBlockN>(m0)
+                  .begin;
+        }
       }
       if (p.deterministic) {
         // Key blocks add into a chunk in order: this one waits for its turn. Packed calls wait
         // for "at least" and raise the counter monotonically: with unchecked offsets two
         // sequences may share chunks, and an exact turn could then be skipped and wait forever.
         int* turn = tp.dq_turn + chunk;
-        if constexpr (kPacked) {
-          while (ld_acquire(turn) < key_block) {
+        if (packed_call) {
+          while (ld_acquire(turn) < turn_of_block) {
           }
         } else {
-          while (ld_acquire(turn) != key_block) {
+          while (ld_acquire(turn) != turn_of_block) {
           }
         }
         fence_proxy_async_global();
@@ -640,10 +884,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (p.deterministic) {
         bulk_wait<0>();
         fence_proxy_async_global();
-        if constexpr (kPacked) {
-          red_release_max(tp.dq_turn + chunk, key_block + 1);
+        if (packed_call) {
+          red_release_max(tp.dq_turn + chunk, turn_of_block + 1);
         } else {
-          st_release(tp.dq_turn + chunk, key_block + 1);
+          st_release(tp.dq_turn + chunk, turn_of_block + 1);
         }
       }
     }

@@ -20,14 +20,14 @@
 namespace memeff::cuda::sm90 {
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
-          bool kBiasTiles = false>
+          bool kBiasTiles = false, bool kMods = false>
 void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles>;
+  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 backward kernel");
   const BackwardParams& p = tp.p;
-  if constexpr (kPacked) {
+  if (kPacked || (kMods && p.cu_seqlens_q != nullptr)) {
     // (key tile, kv head): the scheduler's bound over cu_seqlens_k (Family::backward_reasons
     // keeps it below 2^31); CTAs past the last tile exit at once. A packed call has no bias, so
     // never the one-CTA launches below.
@@ -106,7 +106,13 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   const bool bias = p.bias != nullptr;
   // A bias the launcher described for TMA (16-bit, varying over queries) comes in tiles.
   const bool tiles = bias && tp.bias_tiles;
-  if (packed) {  // no bias (the validators refuse one)
+  // ALiBi and the softcap run in the modifiers' kernel (bwd_kernel.cuh, kMods), dense or packed,
+  // with or without dropout and bias; so does a window with a bias read per score.
+  const int mods = p.mods.flags;
+  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
+      ((mods & ScoreMods::kWindow) && bias && !tiles)) {
+    launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, dbias_cross_cta, stream);
+  } else if (packed) {  // no bias (the validators refuse one)
     p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
                   : launch_backward_kernel<T, Tr, false, false, true>(tp, false, stream);
   } else if (p.has_dropout) {

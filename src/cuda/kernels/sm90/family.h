@@ -9,7 +9,7 @@ namespace memeff::cuda::sm90 {
 
 struct Family {
   static constexpr const char* kBackend = "cuda_sm90";
-  static constexpr bool kScoreModifiers = true;  // window, ALiBi, softcap (ScoreMods): forward
+  static constexpr bool kScoreModifiers = true;  // window, ALiBi, softcap (ScoreMods)
   static std::vector<std::string> forward_reasons(const ForwardParams& p, const DeviceCaps& dev);
   static std::vector<std::string> backward_reasons(const BackwardParams& p, const DeviceCaps& dev);
   static std::size_t backward_workspace_bytes(const BackwardParams& p);
