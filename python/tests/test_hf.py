@@ -233,8 +233,9 @@ def test_a_sliding_window_runs_without_a_mask_and_matches_eager(device, monkeypa
         recorder.calls.clear()
         skip_if_the_kernels_refuse(device, lambda: compare(reference, model, ids, mask, "logits"))
     windowed = windowed_calls(recorder)
-    if not mhf._kernels_take_windows(device):
-        # The CUDA kernels refuse windows: transformers' mask is built and read as a bias.
+    if not mhf._kernels_take_windows(device, torch.float32, model.config):
+        # No CUDA kernel takes this model's window (fp32, head dim 16): transformers' mask is
+        # built and read as a bias.
         assert windowed == []
         return
     assert len(windowed) == 2 and all(kw["window_size"] == (4, 0) and kw["attn_mask"] is None
@@ -273,13 +274,35 @@ def test_masks_of_models_not_passing_their_window_are_kept():
     mhf._causal_window(type("Attention", (), {"config": config})(), None, None, True,
                        {"sliding_window": 3})
     assert mhf._window_without_mask(request)
-    # Not for the GPU, whose kernels refuse windows today: there the mask is built.
-    assert not mhf._window_without_mask(dict(request, device="cuda"))
+    # Not for a GPU call no kernel takes (fp32 here): there the mask is built.
+    assert not mhf._window_without_mask(dict(request, device="cuda", dtype=torch.float32))
     for other in (dict(local_size=4), dict(q_offset=2), dict(kv_offset=1),
                   dict(allow_is_causal_skip=False),
                   dict(mask_function=mu.sliding_window_causal_mask_function(4)),
                   dict(mask_function=mu.causal_mask_function)):
         assert not mhf._window_without_mask(dict(request, **other)), other
+
+
+def test_gpu_windows_go_without_a_mask_only_where_the_hopper_kernels_take_them(monkeypatch):
+    # cuda_sm90 runs windows for fp16/bf16 at head dims 64 and 128 on compute capability 9.0;
+    # every other GPU call keeps transformers' mask. (The device is faked: no GPU is touched.)
+    import memeff.torch as mt
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(mt, "backend_names", lambda: ["reference", "cpu", "cuda_sm90", "cuda"])
+    config = transformers.MistralConfig(hidden_size=512, num_attention_heads=8)  # head dim 64
+    take = mhf._kernels_take_windows
+    assert take("cuda", torch.bfloat16, config) and take("cuda:0", torch.float16, config)
+    assert not take("cuda", torch.float32, config)
+    assert not take("cuda", torch.bfloat16, None)
+    assert take("cuda", torch.bfloat16, transformers.MistralConfig(head_dim=128))
+    for head_dim in (16, 96, 256):  # 96 and 256: the backward has no windowed Hopper kernel
+        assert not take("cuda", torch.bfloat16, transformers.MistralConfig(head_dim=head_dim))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not take("cuda", torch.bfloat16, config)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(mt, "backend_names", lambda: ["reference", "cpu"])
+    assert not take("cuda", torch.bfloat16, config)
+    assert take("cpu", None, None)
 
 
 # Padding-free batches ---------------------------------------------------------------------------

@@ -334,8 +334,9 @@ def scaled_dot_product_attention(
         -slope·|i + shift - j| (ALiBi). No gradient (a warning says so when they require one).
       softcap: > 0 maps each scaled score s = scale·q·k to softcap·tanh(s / softcap) before the
         mask, ALiBi and masking (Gemma-2); 0 (default) is off.
-      These three are docs/window.md; the CUDA kernels refuse them for now (the error lists each
-      backend's reason), the CPU runs them, forward and backward.
+      These three are docs/window.md: the CPU and cuda_sm90 (Hopper; its backward up to head
+      dim 128) run them, forward and backward; the other CUDA kernels refuse them (the error
+      lists each backend's reason).
 
     out has query's memory layout (see the module's docstring).
 

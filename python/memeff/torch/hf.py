@@ -45,6 +45,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import scaled_dot_product_attention, varlen_attention
+from .. import torch as _memeff_torch
 
 __all__ = ["NAME", "attention_forward", "mask_function", "register"]
 
@@ -177,11 +178,27 @@ def _is_causal_window(mask_fn, width) -> bool:
     return widths == [width]
 
 
-def _kernels_take_windows(device) -> bool:
-    """Whether memeff's backends on `device` run a window (docs/window.md): the host backends do;
-    the CUDA kernels refuse it today, so on a GPU the sliding-window mask is built and read as a
-    bias, as before windows existed."""
-    return torch.device(device).type == "cpu"
+# The head dims whose Hopper kernels run a window in both passes (docs/window.md).
+_WINDOW_HEAD_DIMS = (64, 128)
+
+
+def _kernels_take_windows(device, dtype=None, config=None) -> bool:
+    """Whether memeff's backends on `device` run a window for a model of `config` computing in
+    `dtype` (docs/window.md): the host backends always; on a GPU the Hopper kernels (cuda_sm90:
+    compute capability 9.0, fp16 or bf16, head dims 64 and 128 forward and backward). Other GPU
+    calls get transformers' sliding-window mask, read as a bias, as before windows existed."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return True
+    if (device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or config is None
+            or "cuda_sm90" not in _memeff_torch.backend_names()
+            or torch.cuda.get_device_capability(device) != (9, 0)):
+        return False
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        heads = getattr(config, "num_attention_heads", None)
+        head_dim = config.hidden_size // heads if heads else None
+    return head_dim in _WINDOW_HEAD_DIMS
 
 
 def _window_without_mask(kwargs) -> bool:
@@ -191,7 +208,7 @@ def _window_without_mask(kwargs) -> bool:
     only (the registry of models is not read while torch.compile traces)."""
     width, padding = kwargs.get("local_size"), kwargs.get("attention_mask")
     config = kwargs.get("config")
-    if not _kernels_take_windows(kwargs.get("device", "cpu")):
+    if not _kernels_take_windows(kwargs.get("device", "cpu"), kwargs.get("dtype"), config):
         return False
     q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
     if not (isinstance(width, int) and width > 0 and config is not None
