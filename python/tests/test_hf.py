@@ -283,10 +283,50 @@ def test_masks_of_models_not_passing_their_window_are_kept():
         assert not mhf._window_without_mask(dict(request, **other)), other
 
 
+def _hopper_kernels_present():
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "cuda_sm90" in mt.backend_names())
+
+
+@pytest.mark.skipif(not _hopper_kernels_present(), reason="needs cuda_sm90 on a Hopper GPU")
+def test_a_bf16_sliding_window_model_runs_its_window_in_the_hopper_kernels(monkeypatch):
+    # Head dim 64 in bf16: from the second forward on, the window goes to cuda_sm90 with no mask;
+    # logits and gradients agree with transformers' sdpa attention reading the window's mask.
+    config = transformers.MistralConfig(vocab_size=97, hidden_size=256, intermediate_size=256,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, max_position_embeddings=128,
+                                        sliding_window=24, initializer_range=0.05)
+    reference, model = (m.to(torch.bfloat16) for m in pair(transformers.MistralForCausalLM,
+                                                           config, "cuda"))
+    ids, mask = inputs("cuda", length=100)
+    recorder = Recorder(monkeypatch)
+    for step in range(2):
+        recorder.calls.clear()
+        results = []
+        for m in (reference, model):
+            m.zero_grad(set_to_none=True)
+            y = m(input_ids=ids, attention_mask=mask).logits
+            y.float().square().mean().backward()
+            results.append((y.detach().float(), {n: p.grad.float()
+                                                 for n, p in m.named_parameters()
+                                                 if p.grad is not None}))
+        (y_ref, g_ref), (y, g) = results
+        scale = y_ref.abs().max().item()
+        torch.testing.assert_close(y, y_ref, rtol=0.0, atol=3e-2 * scale)
+        assert g.keys() == g_ref.keys()
+        for name in g_ref:
+            torch.testing.assert_close(g[name], g_ref[name], rtol=0.0,
+                                       atol=5e-2 * g_ref[name].abs().max().item(),
+                                       msg=lambda m, n=name: f"gradient of {n}: {m}")
+    windowed = windowed_calls(recorder)
+    assert len(windowed) == 2 and all(kw["window_size"] == (23, 0) and kw["attn_mask"] is None
+                                      and kw["causal"] == "top_left" for kw in windowed)
+    assert mt.last_backends() == ("cuda_sm90", "cuda_sm90")
+
+
 def test_gpu_windows_go_without_a_mask_only_where_the_hopper_kernels_take_them(monkeypatch):
     # cuda_sm90 runs windows for fp16/bf16 at head dims 64 and 128 on compute capability 9.0;
     # every other GPU call keeps transformers' mask. (The device is faked: no GPU is touched.)
-    import memeff.torch as mt
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(mt, "backend_names", lambda: ["reference", "cpu", "cuda_sm90", "cuda"])
     config = transformers.MistralConfig(hidden_size=512, num_attention_heads=8)  # head dim 64
