@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   static_assert(!kMods || (kDropout && kBias && !kPacked && !kBiasTiles),
                 "the score-modifier kernel takes dropout, a bias and packing at run time");
   // Instantiations with the window's code (the modifiers' kernel, and all but the per-score bias).
-  constexpr bool kWindowCode = kMods || !kBias || kBiasTiles;
+  [[maybe_unused]] constexpr bool kWindowCode = kMods || !kBias || kBiasTiles;
   static_assert(!kBiasTiles || Tr::kStages == 2,
                 "the bias of step it lands in dS buffer it % 2, freed with Q/dO stage it % 2");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -190,12 +190,12 @@ template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked, bo
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
   constexpr bool kBias = kBiasRead != BiasRead::none;
-  constexpr bool kBiasTiles = kBiasRead == BiasRead::tiles;
+  [[maybe_unused]] constexpr bool kBiasTiles = kBiasRead == BiasRead::tiles;
   static_assert(!(kPacked && kBias), "packed calls take no bias");
   static_assert(!kMods || (kDropout && kBiasRead == BiasRead::global && !kPacked),
                 "the score-modifier kernel takes dropout, a bias and packing at run time");
   // Instantiations with the window's code (the modifiers' kernel, and all but the global bias).
-  constexpr bool kWindowCode = kMods || kBiasRead != BiasRead::global;
+  [[maybe_unused]] constexpr bool kWindowCode = kMods || kBiasRead != BiasRead::global;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
