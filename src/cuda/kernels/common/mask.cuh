@@ -17,14 +17,21 @@
 
 namespace memeff::cuda {
 
+// The column 8n + e of a thread's fragment (its columns start at `first` + 2t) where position
+// `pos` (a key, or a query of an Sᵀ fragment) falls, clamped to [0, 8·kNT].
+template <int kNT>
+__device__ __forceinline__ int fragment_column(std::int64_t pos, std::int64_t first, int t) {
+  return static_cast<int>(
+      max(min(pos - first - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
+}
+
 // One row (half hh: row g or g + 8) of a score fragment whose columns start at absolute key n0:
 // columns j >= j_limit become -inf (j_limit: the row's first invisible key).
 template <int kNT>
 __device__ __forceinline__ void mask_row(float (&s)[kNT][4], int hh, std::int64_t j_limit,
                                          std::int64_t n0, int t) {
   // Visible columns of this lane within the fragment: 8n + e < lim.
-  const int lim = static_cast<int>(
-      max(min(j_limit - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
+  const int lim = fragment_column<kNT>(j_limit, n0, t);
 #pragma unroll
   for (int n = 0; n < kNT; ++n)
 #pragma unroll

@@ -65,14 +65,11 @@ __device__ __forceinline__ void add_alibi(float (&s)[kNT][4], float slope, std::
 template <int kNT>
 __device__ __forceinline__ void mask_scores_window(float (&s)[kNT][4], std::int64_t row0,
                                                    std::int64_t n0, int t, const KeyMask& mask) {
-  auto column = [&](std::int64_t key) {  // key's column 8n + e in this lane's fragment, clamped
-    return static_cast<int>(
-        max(min(key - n0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
-  };
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const detail::KeySpan keys = mask.keys_of_row(row0 + 8 * hh);
-    const int first = column(keys.begin), limit = column(keys.end);
+    const int first = fragment_column<kNT>(keys.begin, n0, t);
+    const int limit = fragment_column<kNT>(keys.end, n0, t);
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
 #pragma unroll

@@ -145,15 +145,11 @@ __device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const B
 template <int kNT>
 __device__ __forceinline__ void visible_columns(const KeyMask& mask, std::int64_t m0, int t,
                                                 std::int64_t key0, int (&lo)[2], int (&hi)[2]) {
-  auto column = [&](std::int64_t i) {
-    return static_cast<int>(
-        max(min(i - m0 - 2 * t, static_cast<std::int64_t>(8 * kNT)), std::int64_t{0}));
-  };
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const detail::KeySpan rows = mask.rows_of_key(key0 + hh);
-    lo[hh] = column(rows.begin);
-    hi[hh] = column(rows.end);
+    lo[hh] = fragment_column<kNT>(rows.begin, m0, t);
+    hi[hh] = fragment_column<kNT>(rows.end, m0, t);
   }
 }
 
@@ -742,12 +738,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int e = r & 1, hh = r >> 1;
+          const int e = r & 1;
           const float pv = sacc[n][r];
           if constexpr (kDropout) {
-            // All ones where kept, 0 where dropped: the bit moved to the sign, then replicated.
-            const std::uint32_t kept = static_cast<std::uint32_t>(
-                static_cast<std::int32_t>(keep[n / 8] << (31 - (4 * (n % 8) + 2 * e + hh))) >> 31);
+            const std::uint32_t kept = kept_mask(keep, n, r);
             sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
             dpacc[n][r] =
                 pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
@@ -758,16 +752,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       // kv_block: the row may see other keys elsewhere (never packed: validation).
       if (need_mask && (packed_call || !p.kv_block)) {
-        bool zeroed = false;
-        if constexpr (kWindowCode) {
-          if (window) {
-            zero_single_key_columns(dpacc, KeyMask{causal, seq_Lk(), causal_shift,
-                                                   p.mods.left_reach, p.mods.right_reach}
-                                               .template single_key_rows<kNT>(m0 + 2 * t));
-            zeroed = true;
-          }
-        }
-        if (!zeroed) {
+        if (window) {  // false where the instantiation has no window code (kWindowCode)
+          zero_single_key_columns(dpacc, KeyMask{causal, seq_Lk(), causal_shift,
+                                                 p.mods.left_reach, p.mods.right_reach}
+                                             .template single_key_rows<kNT>(m0 + 2 * t));
+        } else {
 #pragma unroll
           for (int n = 0; n < kNT; ++n)
 #pragma unroll
