@@ -197,6 +197,18 @@ def _check_mask_shape(attn_mask: torch.Tensor, q: torch.Tensor, rank: int, keys:
                          f"broadcast to the attention scores {names} = {list(scores)}")
 
 
+_MASK_VALUES: dict = {}
+
+
+def _mask_values(dtype: torch.dtype):
+    """0 and -inf as 0-dim CPU tensors of `dtype`, made once per dtype."""
+    values = _MASK_VALUES.get(dtype)
+    if values is None:
+        values = (torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
+        _MASK_VALUES[dtype] = values
+    return values
+
+
 def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
                   keys: int) -> Optional[torch.Tensor]:
     """The additive [B|1, H|1, Lq|1, Lk] bias memeff takes, from torch's attn_mask conventions
@@ -218,7 +230,11 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
     if bias.dtype == torch.bool:
         # One kernel, in q's dtype (0 and -inf are exact there): half the bytes of an fp32 bias,
         # and the Hopper forward loads a 16-bit bias that varies over queries in tiles by TMA.
-        bias = torch.where(bias, q.new_zeros(()), q.new_full((), float("-inf")))
+        # The two values as 0-dim CPU tensors, which torch.where takes beside tensors of any
+        # device as it takes Python scalars but in their own dtype: no allocation or fill on the
+        # GPU per call (q.new_zeros(()) and q.new_full(()) launched two).
+        zero, minus_inf = _mask_values(q.dtype)
+        bias = torch.where(bias, zero, minus_inf)
     elif bias.dtype != q.dtype and bias.dtype != torch.float32:
         bias = bias.to(q.dtype)
     while bias.dim() < rank:
