@@ -223,11 +223,14 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
   }
 }
 
-// Top-left block calls with a window, ALiBi and a softcap (cuda_sm90 runs them; docs/window.md):
-// the window and the distances count from the global diagonal, in blocks that the window cuts,
-// hides and leaves whole, with kv_block, dropout and a bias with its gradient.
+// Top-left block calls with a window, ALiBi and a softcap (cuda_sm90 and cuda_math run them;
+// docs/window.md): the window and the distances count from the global diagonal, in blocks that
+// the window cuts, hides and leaves whole, with kv_block, dropout and a bias with its gradient;
+// cuda_math in fp32 too.
 TEST_P(CudaGlobalCoordinates, WindowAlibiAndSoftcapAtGlobalPositions) {
-  if (GetParam() != "cuda_sm90") GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 alone";
+  if (GetParam() != "cuda_sm90" && GetParam() != "cuda_math") {
+    GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 and cuda_math alone";
+  }
   Config cfg{.B = 2, .Hq = 4, .Hkv = 2, .Lq = 200, .Lk = 192, .D = 64};
   cfg.dtype = DType::bf16;
   cfg.causal = CausalMode::top_left;
@@ -245,6 +248,10 @@ TEST_P(CudaGlobalCoordinates, WindowAlibiAndSoftcapAtGlobalPositions) {
   cfg.bias = "bhqk";
   cfg.alibi = "bh";
   check(cfg, {128, 64, true});
+  if (fused()) return;
+  cfg.dtype = DType::f32;  // cuda_math alone takes fp32
+  check(cfg, {384, 128, false});
+  check(cfg, {64, 128, true});
 }
 
 // Keys starting off the dropout map's 64-key blocks: the fused kernels take them without dropout

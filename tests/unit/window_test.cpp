@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -420,8 +421,8 @@ TEST(WindowValidation, BadValuesNameTheirArgument) {
 }
 
 // Backends without the features refuse them by name, one reason each; the CUDA backends (built
-// here or not) say so in the dispatcher's explanation, but cuda_sm90, whose kernels take all
-// three (docs/window.md), which names none of them.
+// here or not) say so in the dispatcher's explanation, but cuda_sm90 and cuda_math, which take
+// all three (docs/window.md) and name none of them.
 TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
   Problem p;
   EXPECT_TRUE(score_modifier_reasons(p, "cuda").empty());
@@ -453,7 +454,7 @@ TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
         if (report.name != name) continue;
         for (const std::string& reason : report.reasons) all += reason + "\n";
       }
-      if (name == "cuda_sm90") {
+      if (name == "cuda_sm90" || name == "cuda_math") {
         EXPECT_FALSE(contains(all, "window")) << all;
         EXPECT_FALSE(contains(all, "softcap")) << all;
         continue;
@@ -465,6 +466,48 @@ TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
     }
   }
   if (seen == 0) GTEST_SKIP() << "built without the CUDA backends";
+}
+
+// cuda_math takes the window, ALiBi (per head or per batch entry) and any softcap fp32 holds as a
+// normal number, and names the softcap when fp32 cannot hold it (0, a subnormal or infinity
+// would leave the cap off or make it NaN); packed calls it refuses as before, window or not.
+TEST(WindowBackends, CudaMathTakesThemAndNamesASoftcapOutsideFp32) {
+  const std::shared_ptr<Backend> math = find_backend("cuda_math");
+  if (!math) GTEST_SKIP() << "built without the CUDA backends";
+  Problem p;
+  p.device = Device::cuda(0);
+  p.dtype = DType::bf16;
+  p.B = 2, p.Hq = 4, p.Hkv = 2, p.Lq = 40, p.Lk = 70, p.D = p.Dv = 64;
+  p.causal = CausalMode::bottom_right;
+  p.window_left = 5;
+  p.window_right = 3;
+  p.has_alibi = true;
+  p.alibi_per_batch = true;
+  auto reasons_text = [&](Pass pass) {
+    std::string all;
+    for (const std::string& r : math->reasons_unsupported(p, pass)) all += r + "\n";
+    return all;
+  };
+  for (double cap : {0.0, 30.0, 1e-30, 1e30}) {
+    p.softcap = cap;
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const std::string all = reasons_text(pass);
+      // Without a GPU the only reason left is the device's.
+      EXPECT_FALSE(contains(all, "window")) << all;
+      EXPECT_FALSE(contains(all, "alibi")) << all;
+      EXPECT_FALSE(contains(all, "softcap")) << cap << ": " << all;
+    }
+  }
+  for (double cap : {1e-50, 1e39}) {
+    p.softcap = cap;
+    const std::string all = reasons_text(Pass::backward);
+    EXPECT_TRUE(contains(all, "softcap = ")) << cap << ": " << all;
+    EXPECT_TRUE(contains(all, "outside fp32's normal range")) << cap << ": " << all;
+  }
+  p.softcap = 0.0;
+  p.packed = true;
+  const std::string packed = reasons_text(Pass::forward);
+  EXPECT_TRUE(contains(packed, "packed sequences")) << packed;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // cuda_math: attention on the GPU from cuBLAS strided-batched products and small kernels. It
 // materializes the fp32 Lq×Lk scores of a chunk of heads, so it is the fallback for what the
 // fused kernels refuse and the accurate GPU baseline: inputs are copied to fp32, every product
-// runs in fp32 (no TF32), and dropout draws the same mask as every backend (core/dropout_map.h).
+// runs in fp32 (no TF32), dropout draws the same mask as every backend (core/dropout_map.h), and
+// the window, ALiBi and the softcap (docs/window.md) change the scores where the mask does.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -78,9 +79,13 @@ void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::int64_t M, std
 // Sizes of the scratch buffers (in floats) for a pass, with the chunk in kv heads.
 struct Plan {
   std::int64_t kv_chunk = 1;  // key/value heads (each with its `group` query heads) per chunk
+  // Lq×Lk buffers of a chunk: S (forward); P and dP (backward), and the cap's derivative with
+  // a softcap. `scores` is the size of one.
+  int score_buffers = 1;
   std::size_t q, k, v, dout, dsum, scores, o_chunk, dq_chunk, dk_chunk, dv_chunk, dbias;
   std::size_t total_floats() const {
-    return q + k + v + dout + dsum + scores + o_chunk + dq_chunk + dk_chunk + dv_chunk + dbias;
+    return q + k + v + dout + dsum + scores * score_buffers + o_chunk + dq_chunk + dk_chunk +
+           dv_chunk + dbias;
   }
   std::size_t total_bytes() const { return total_floats() * sizeof(float); }
 };
@@ -91,8 +96,9 @@ Plan make_plan(const Problem& p, Pass pass) {
   const bool bwd = pass == Pass::backward;
   const std::int64_t G = std::max<std::int64_t>(p.group_size(), 1);
   const std::int64_t kv_heads = p.B * p.Hkv;
-  const std::size_t score_per_kv = static_cast<std::size_t>(G * p.Lq * p.Lk) * (bwd ? 2 : 1);
   Plan plan;
+  plan.score_buffers = bwd ? (p.has_softcap() ? 3 : 2) : 1;
+  const std::size_t score_per_kv = static_cast<std::size_t>(G * p.Lq * p.Lk) * plan.score_buffers;
   plan.kv_chunk = std::max<std::int64_t>(
       1, std::min<std::int64_t>(kv_heads,
                                 static_cast<std::int64_t>(kScoreBudgetBytes / sizeof(float) /
@@ -103,7 +109,7 @@ Plan make_plan(const Problem& p, Pass pass) {
   plan.v = round_up(static_cast<std::size_t>(kv_heads * p.Lk * p.Dv));
   plan.dout = bwd ? round_up(static_cast<std::size_t>(p.B * p.Hq * p.Lq * p.Dv)) : 0;
   plan.dsum = bwd ? round_up(static_cast<std::size_t>(p.B * p.Hq * p.Lq)) : 0;
-  plan.scores = round_up(static_cast<std::size_t>(c) * score_per_kv);
+  plan.scores = round_up(static_cast<std::size_t>(c * G * p.Lq * p.Lk));
   plan.o_chunk = bwd ? 0 : round_up(static_cast<std::size_t>(c * G * p.Lq * p.Dv));
   plan.dq_chunk = bwd ? round_up(static_cast<std::size_t>(c * G * p.Lq * p.D)) : 0;
   plan.dk_chunk = bwd ? round_up(static_cast<std::size_t>(c * p.Lk * p.D)) : 0;
@@ -130,7 +136,17 @@ RowParams row_params(const Problem& pb, const AttentionArgs& args, const TensorV
     }
   }
   p.causal = pb.causal != CausalMode::none;
-  p.causal_shift = pb.causal_shift();
+  p.shift = pb.position_shift();
+  p.window_left = pb.window_left;
+  p.window_right = pb.window_right;
+  if (pb.has_alibi) {  // [Hq] or [B, Hq] (validation), fp32
+    const TensorView& slopes = *args.alibi_slopes;
+    p.slopes = static_cast<const float*>(slopes.data);
+    p.slope_sb = pb.alibi_per_batch ? slopes.stride[0] : 0;
+    p.slope_sh = slopes.stride[slopes.rank - 1];
+  }
+  p.softcap = pb.has_softcap() ? static_cast<float>(pb.softcap) : 0.f;
+  p.kv_block = pb.kv_block;
   p.q_start = pb.q_start;
   p.k_start = pb.k_start;
   p.dropout = pb.has_dropout();
@@ -157,8 +173,10 @@ class CudaMathBackend final : public CudaBackendBase {
       reasons.push_back("packed sequences (cu_seqlens): cuda_math runs dense batches only");
     }
     if (p.dtype == DType::f64) reasons.push_back("fp64 is not supported (fp32, fp16 and bf16 are)");
-    const std::vector<std::string> modifiers = score_modifier_reasons(p, name());
-    reasons.insert(reasons.end(), modifiers.begin(), modifiers.end());
+    if (p.has_softcap() && std::fpclassify(static_cast<float>(p.softcap)) != FP_NORMAL) {
+      reasons.push_back("softcap = " + std::to_string(p.softcap) +
+                        " is outside fp32's normal range (cuda_math caps the scores in fp32)");
+    }
     const std::int64_t G = std::max<std::int64_t>(p.group_size(), 1);
     if (G * p.Lq > INT_MAX || p.Lk > INT_MAX || p.D > INT_MAX || p.Dv > INT_MAX) {
       reasons.push_back("a matrix dimension exceeds cuBLAS's 32-bit sizes");
@@ -251,7 +269,10 @@ class CudaMathBackend final : public CudaBackendBase {
     float* v = ws.take<float>(plan.v);
     float* dout = ws.take<float>(plan.dout);
     float* dsum = ws.take<float>(plan.dsum);
-    float* scores = ws.take<float>(plan.scores);
+    float* A = ws.take<float>(plan.scores);
+    float* dP = ws.take<float>(plan.scores);
+    // With the softcap: 1 - tanh² from step 1, then dS for dbias (dsoftmax_kernel).
+    float* cap_grad = pb.has_softcap() ? ws.take<float>(plan.scores) : nullptr;
     float* dq = ws.take<float>(plan.dq_chunk);
     float* dk = ws.take<float>(plan.dk_chunk);
     float* dv = ws.take<float>(plan.dv_chunk);
@@ -280,12 +301,9 @@ class CudaMathBackend final : public CudaBackendBase {
     cublasHandle_t handle = cublas_handle(pb.device.index);
     MEMEFF_CUBLAS(cublasSetStream(handle, stream));
     RowParams rp = row_params(pb, args, g.lse);
-    const std::size_t chunk_scores = plan.scores / 2;
     const float scale = static_cast<float>(pb.scale);
     for (std::int64_t kv0 = 0; kv0 < pb.B * pb.Hkv; kv0 += plan.kv_chunk) {
       const std::int64_t c = std::min(plan.kv_chunk, pb.B * pb.Hkv - kv0);
-      float* A = scores;
-      float* dP = scores + chunk_scores;
       const float* qc = q + kv0 * GL * pb.D;
       const float* kc = k + kv0 * pb.Lk * pb.D;
       const float* vc = v + kv0 * pb.Lk * pb.Dv;
@@ -293,14 +311,17 @@ class CudaMathBackend final : public CudaBackendBase {
       gemm(handle, false, true, GL, pb.Lk, pb.D, scale, qc, pb.D, GL * pb.D, kc, pb.D, pb.Lk * pb.D,
            A, pb.Lk, GL * pb.Lk, c, stream);
       rp.bh0 = kv0 * G;
-      probs_backward_kernel<<<static_cast<unsigned>(c * GL), kThreads, 0, stream>>>(A, rp);
+      probs_backward_kernel<<<static_cast<unsigned>(c * GL), kThreads, 0, stream>>>(A, cap_grad,
+                                                                                    rp);
       MEMEFF_LAUNCHED("probs_backward_kernel");
       // dP' = dO · Vᵀ
       gemm(handle, false, true, GL, pb.Lk, pb.Dv, 1.f, doc, pb.Dv, GL * pb.Dv, vc, pb.Dv,
            pb.Lk * pb.Dv, dP, pb.Lk, GL * pb.Lk, c, stream);
-      dsoftmax_kernel<<<static_cast<unsigned>(c * GL), kThreads, 0, stream>>>(A, dP, dsum, rp);
+      dsoftmax_kernel<<<static_cast<unsigned>(c * GL), kThreads, 0, stream>>>(A, dP, cap_grad, dsum,
+                                                                              rp);
       MEMEFF_LAUNCHED("dsoftmax_kernel");
-      // dV = (P∘Z)ᵀ · dO, dQ = scale · dS · K, dK = scale · dSᵀ · Q (sums over the group).
+      // dV = (P∘Z)ᵀ · dO, dQ = scale · dS · K, dK = scale · dSᵀ · Q (sums over the group; with
+      // the softcap, dS∘(1 - tanh²) in dP).
       gemm(handle, true, false, pb.Lk, pb.Dv, GL, 1.f, A, pb.Lk, GL * pb.Lk, doc, pb.Dv, GL * pb.Dv,
            dv, pb.Dv, pb.Lk * pb.Dv, c, stream);
       gemm(handle, false, false, GL, pb.D, pb.Lk, scale, dP, pb.Lk, GL * pb.Lk, kc, pb.D,
@@ -322,7 +343,7 @@ class CudaMathBackend final : public CudaBackendBase {
         const dim3 grid(
             static_cast<unsigned>((pb.Lk + 31) / 32),
             static_cast<unsigned>(std::min<std::int64_t>(dp.db_B * dp.db_H * dp.db_Q, 65535)));
-        dbias_kernel<<<grid, dim3(32, 8), 0, stream>>>(dP, dbias, dp);
+        dbias_kernel<<<grid, dim3(32, 8), 0, stream>>>(cap_grad ? cap_grad : dP, dbias, dp);
         MEMEFF_LAUNCHED("dbias_kernel");
       }
     }

@@ -1,7 +1,7 @@
 // The device side of the cuda_math backend (src/cuda/cuda_math.cu, its host side): gathers of
 // strided views into dense fp32 buffers and scatters back, the row-wise softmax passes over the
-// score matrices cuBLAS writes (scale, bias, mask, dropout), the backward's row dot products and
-// the bias-gradient reduction. Included by cuda_math.cu alone.
+// score matrices cuBLAS writes (bias, mask, window, ALiBi, softcap, dropout), the backward's row
+// dot products and the bias-gradient reduction. Included by cuda_math.cu alone.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/dropout_map.h"
+#include "core/visible_keys.h"
 #include "cuda/runtime/strided_view.cuh"
 #include "memeff/backend.h"
 
@@ -49,8 +50,20 @@ struct RowParams {
   std::int64_t bh0;  // first query head (b·Hq + h) of the chunk
   bool has_bias;
   cuda::StridedView bias;  // strides 0 on broadcast dimensions
+  // The keys a row sees (visible_key_span): the causal mask and the window's sides (-1:
+  // unbounded) around the diagonal, key i + shift (Problem::position_shift(); the causal shift
+  // where causal).
   bool causal;
-  std::int64_t causal_shift;
+  std::int64_t shift, window_left, window_right;
+  // Score modifiers (docs/window.md): ALiBi's slope of (b, h) at slopes[b·slope_sb +
+  // h·slope_sh] (null: no ALiBi; slope_sb 0 for slopes [Hq]), and the softcap of s = scale·q·k
+  // (0: none).
+  const float* slopes;
+  std::int64_t slope_sb, slope_sh;
+  float softcap;
+  // The backward's out and lse are a larger attention's (Problem::kv_block): a row's softmax
+  // spans other key blocks too, so a row with one key here is no single-key row.
+  bool kv_block;
   // Global coordinates (Problem::q_start, k_start): row i and key j draw the map's row
   // q_start + i and key k_start + j (any k_start: the map is read element by element).
   std::int64_t q_start, k_start;
@@ -70,13 +83,43 @@ __device__ __forceinline__ DropoutKey row_key(const RowParams& p) {
   return dropout_key(seed, offset);
 }
 
-// s + bias, or -inf where the causal mask or a -inf bias hides key j (whatever s holds).
-__device__ __forceinline__ float masked_score(const RowParams& p, float s, std::int64_t b,
-                                              std::int64_t h, std::int64_t i, std::int64_t j) {
-  if (p.causal && j > i + p.causal_shift) return -INFINITY;
+// Row r of a chunk (r = local head · Lq + i): its head, its keys and its ALiBi slope.
+struct Row {
+  std::int64_t bh, b, h, i;
+  KeySpan keys;  // keys [begin, end) that the causal mask and the window leave
+  float slope;   // 0 without ALiBi
+};
+
+__device__ __forceinline__ Row row_of(const RowParams& p, std::int64_t r) {
+  Row row;
+  row.bh = p.bh0 + r / p.Lq;
+  row.i = r % p.Lq;
+  row.b = row.bh / p.Hq;
+  row.h = row.bh % p.Hq;
+  row.keys = visible_key_span(row.i, p.Lk, p.causal, p.shift, p.window_left, p.window_right);
+  row.slope = p.slopes ? p.slopes[row.b * p.slope_sb + row.h * p.slope_sh] : 0.f;
+  return row;
+}
+
+// The score of key j from s = scale·q·k (docs/window.md): cap(s) + bias - slope·|i + shift - j|,
+// or -inf where the causal mask, the window or a -inf bias hides the key (whatever s holds).
+// With the softcap, *cap_grad (when given) receives the cap's derivative 1 - tanh²(s / softcap)
+// of a key the mask and window leave.
+__device__ __forceinline__ float masked_score(const RowParams& p, const Row& row, float s,
+                                              std::int64_t j, float* cap_grad = nullptr) {
+  if (j < row.keys.begin || j >= row.keys.end) return -INFINITY;
+  if (p.softcap > 0.f) {  // Gemma-2's order: the scaled product alone, before everything else
+    const float t = tanhf(s / p.softcap);
+    s = p.softcap * t;
+    if (cap_grad) *cap_grad = 1.f - t * t;
+  }
+  if (p.slopes) {  // distances in fp32: exact below 2^24
+    const std::int64_t d = row.i + p.shift - j;
+    s = fmaf(-row.slope, static_cast<float>(d < 0 ? -d : d), s);
+  }
   if (p.has_bias) {
     const float bias = static_cast<float>(
-        cuda::load(p.bias, b * p.bias.s[0] + h * p.bias.s[1] + i * p.bias.s[2] + j));
+        cuda::load(p.bias, row.b * p.bias.s[0] + row.h * p.bias.s[1] + row.i * p.bias.s[2] + j));
     s = bias == -INFINITY ? bias : s + bias;
   }
   return s;
@@ -110,65 +153,82 @@ __device__ float block_reduce(float v, bool is_max) {
 // becomes P∘Z (the dropped, rescaled probabilities) and lse is written.
 __global__ void softmax_forward_kernel(float* S, RowParams p) {
   const std::int64_t r = blockIdx.x;
-  const std::int64_t bh = p.bh0 + r / p.Lq, i = r % p.Lq;
-  const std::int64_t b = bh / p.Hq, h = bh % p.Hq;
-  float* row = S + r * p.Lk;
+  const Row row = row_of(p, r);
+  float* s_row = S + r * p.Lk;
   float m = -INFINITY;
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
-    const float s = masked_score(p, row[j], b, h, i, j);
-    row[j] = s;
+    const float s = masked_score(p, row, s_row[j], j);
+    s_row[j] = s;
     m = nan_max(m, s);
   }
   m = block_reduce(m, true);
   float sum = 0.f;
   if (m != -INFINITY) {
-    for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) sum += expf(row[j] - m);
+    for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) sum += expf(s_row[j] - m);
   }
   sum = block_reduce(sum, false);
   const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
-  if (threadIdx.x == 0) p.lse[b * p.lse_sb + h * p.lse_sh + i] = lse;
+  if (threadIdx.x == 0) p.lse[row.b * p.lse_sb + row.h * p.lse_sh + row.i] = lse;
   const DropoutKey key = row_key(p);
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
-    float prob = m == -INFINITY ? 0.f : expf(row[j] - m) / sum;
+    float prob = m == -INFINITY ? 0.f : expf(s_row[j] - m) / sum;
     if (p.dropout) {
-      prob = dropout_keep_element(key, p.threshold, bh, p.q_start + i, p.k_start + j)
+      prob = dropout_keep_element(key, p.threshold, row.bh, p.q_start + row.i, p.k_start + j)
                  ? prob * p.keep_scale
                  : 0.f;
     }
-    row[j] = prob;
+    s_row[j] = prob;
   }
 }
 
-// Backward step 1: S (scale·q·k) becomes P = exp(s + bias - lse), 0 where masked.
-__global__ void probs_backward_kernel(float* S, RowParams p) {
+// Backward step 1: S (scale·q·k) becomes P = exp(score - lse), 0 where masked. With the softcap,
+// cap_grad (the chunk's third Lq×Lk buffer, else null) receives d cap(s) / ds: 1 - tanh², and 1
+// where the key is masked (its P is 0).
+__global__ void probs_backward_kernel(float* S, float* cap_grad, RowParams p) {
   const std::int64_t r = blockIdx.x;
-  const std::int64_t bh = p.bh0 + r / p.Lq, i = r % p.Lq;
-  const std::int64_t b = bh / p.Hq, h = bh % p.Hq;
-  const float lse = p.lse[b * p.lse_sb + h * p.lse_sh + i];
-  float* row = S + r * p.Lk;
+  const Row row = row_of(p, r);
+  const float lse = p.lse[row.b * p.lse_sb + row.h * p.lse_sh + row.i];
+  float* s_row = S + r * p.Lk;
+  float* g_row = cap_grad ? cap_grad + r * p.Lk : nullptr;
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
-    const float s = masked_score(p, row[j], b, h, i, j);
-    row[j] = (lse == -INFINITY || s == -INFINITY) ? 0.f : expf(s - lse);
+    float g = 1.f;
+    const float s = masked_score(p, row, s_row[j], j, &g);
+    s_row[j] = (lse == -INFINITY || s == -INFINITY) ? 0.f : expf(s - lse);
+    if (g_row) g_row[j] = g;
   }
 }
 
 // Backward step 2: with P in A and dP' = dO·Vᵀ in dP, A becomes P∘Z and dP becomes
-// dS = P∘(Z∘dP' - D_i), D_i = rowsum(dO∘O).
-__global__ void dsoftmax_kernel(float* A, float* dP, const float* Dsum, RowParams p) {
+// dS = P∘(Z∘dP' - D_i), D_i = rowsum(dO∘O): the gradient of the score, which the bias gets. dS is
+// exactly 0 on a row that sees one key (core/visible_keys.h), but within a larger attention
+// (kv_block); x·0 keeps a NaN of the data. With the softcap (cap_grad from step 1), cap_grad
+// becomes dS (for dbias) and dP the gradient of scale·q·k, dS∘cap_grad.
+__global__ void dsoftmax_kernel(float* A, float* dP, float* cap_grad, const float* Dsum,
+                                RowParams p) {
   const std::int64_t r = blockIdx.x;
-  const std::int64_t bh = p.bh0 + r / p.Lq, i = r % p.Lq;
-  const float d = Dsum[bh * p.Lq + i];
+  const Row row = row_of(p, r);
+  const float d = Dsum[row.bh * p.Lq + row.i];
+  const bool one_key = !p.kv_block && row.keys.size() == 1;
   const DropoutKey key = row_key(p);
   float* a = A + r * p.Lk;
   float* dp = dP + r * p.Lk;
+  float* g = cap_grad ? cap_grad + r * p.Lk : nullptr;
   for (std::int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
     const float prob = a[j];
     float z = 1.f;
     if (p.dropout)
-      z = dropout_keep_element(key, p.threshold, bh, p.q_start + i, p.k_start + j) ? p.keep_scale
-                                                                                   : 0.f;
+      z = dropout_keep_element(key, p.threshold, row.bh, p.q_start + row.i, p.k_start + j)
+              ? p.keep_scale
+              : 0.f;
     a[j] = prob * z;
-    dp[j] = prob * (z * dp[j] - d);
+    float ds = prob * (z * dp[j] - d);
+    if (one_key) ds *= 0.f;
+    if (g) {
+      const float cap_derivative = g[j];
+      g[j] = ds;
+      ds *= cap_derivative;
+    }
+    dp[j] = ds;
   }
 }
 
