@@ -178,6 +178,26 @@ TEST_P(Sm90Window, SoftcapAloneAndWithEachBiasRead) {
   }
 }
 
+// Without a bias, ALiBi and the softcap run in kernels with dropout (and, in the backward, the
+// cap) fixed at compile time: each of the four, with ALiBi, the cap or both, a window in every
+// other case, GQA, both head dims of the backward and both dtypes.
+TEST_P(Sm90Window, ModifiersWithoutABiasWithAndWithoutDropoutAndCap) {
+  std::uint64_t seed = 90;
+  for (double p : {0.0, 0.1}) {
+    for (const char* mods : {"alibi", "softcap", "both"}) {
+      for (std::int64_t D : {64, 128}) {
+        KernelCase c = make({.B = 2, .Hq = 4, .Hkv = 2, .Lq = 210, .Lk = 250, .D = D,
+                             .dropout = p, .dtype = seed % 2 ? DType::bf16 : DType::f16});
+        if (std::string(mods) != "softcap") c.alibi = seed % 3 ? "h" : "bh";
+        if (std::string(mods) != "alibi") c.softcap = seed % 2 ? 5.0 : 30.0;
+        c.causal = kModes[seed % 3];
+        if (seed % 2 == 0) c.window = Window{70, 9};
+        check(c, ++seed);
+      }
+    }
+  }
+}
+
 // All three at once with a bias, dropout and GQA, on every head dim the forward has (the
 // backward up to 128), both dtypes.
 TEST_P(Sm90Window, EverythingTogetherEachHeadDim) {

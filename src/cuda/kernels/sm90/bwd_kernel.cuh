@@ -195,20 +195,30 @@ __device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
 // kBiasTiles: a 16-bit bias that varies over queries arrives by TMA with each step's Q and dO,
 // into the step's dS buffer (see the producer below); else a bias is read per score.
 //
-// kMods: the one instantiation per dtype and head dim with ALiBi and the softcap (ScoreMods), for
-// calls that have either, and for windowed calls with a bias read per score. Its dropout, bias
-// and packed layout follow the params at run time (kDropout, kBias: a bias when p.bias is set,
-// read per score; kPacked false), and its step computes P and dS in its own code (the kMods
-// branch of the main loop). The other instantiations take the window alone (but the per-score
-// bias's), behind tests of p.mods.flags the whole CTA takes alike.
+// kMods: the instantiations with ALiBi and the softcap (ScoreMods), for calls that have either,
+// and for windowed calls with a bias read per score. Five per dtype and head dim: with a bias
+// (kDropout, kBias, kCap = ModsCap::run_time), whose dropout, bias and cap follow the params at
+// run time (a bias when p.bias is set, read per score), and four without one (kBias false), with
+// dropout and the cap fixed at compile time, which keep the registers the run-time checks take
+// (measured: the general kernel spilled up to 1 GB of local traffic at head dim 128; docs/
+// benchmarks.md). All take packed calls at run time (kPacked false), and their step computes P
+// and dS in its own code (the kMods branch of the main loop). The other instantiations take the
+// window alone (but the per-score bias's), behind tests of p.mods.flags the whole CTA takes alike.
+enum class ModsCap { run_time, off, on };
+
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
-          bool kMods = false>
+          bool kMods = false, ModsCap kCap = ModsCap::run_time>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
   static_assert(kBias || !kBiasTiles, "bias tiles are a bias");
-  static_assert(!kMods || (kDropout && kBias && !kPacked && !kBiasTiles),
-                "the score-modifier kernel takes dropout, a bias and packing at run time");
+  static_assert(
+      !kMods || (!kPacked && !kBiasTiles &&
+                 (kBias ? kDropout && kCap == ModsCap::run_time : kCap != ModsCap::run_time)),
+      "the score-modifier kernels take packing (with a bias: dropout, the cap) at run time");
+  static_assert(kMods || kCap == ModsCap::run_time, "the cap is the modifiers' kernels'");
+  // The modifiers' kernel with a bias: dropout and the bias as the params say.
+  constexpr bool kRuntimeDropout = kMods && kBias;
   // Instantiations with the window's code (the modifiers' kernel, and all but the per-score bias).
   [[maybe_unused]] constexpr bool kWindowCode = kMods || !kBias || kBiasTiles;
   static_assert(!kBiasTiles || Tr::kStages == 2,
@@ -224,7 +234,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // What the params switch on at run time in the modifiers' kernel (constants elsewhere).
   const bool packed_call = kPacked || (kMods && p.cu_seqlens_q != nullptr);
   const bool has_bias = kBias && (!kMods || p.bias != nullptr);
-  const bool dropout_on = kDropout && (!kMods || p.has_dropout);
+  const bool dropout_on = kDropout && (!kRuntimeDropout || p.has_dropout);
   const bool window = kWindowCode && (p.mods.flags & ScoreMods::kWindow) != 0;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -549,7 +559,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // plain step; with one, the cap, P and dS of each element in one pass after it (ptxas,
       // sm_90a, head dim 64: capping first, while dPᵀ ran, spilled half as much again).
       const KeyMask mask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach};
-      const bool cap = (p.mods.flags & ScoreMods::kSoftcap) != 0;
+      const bool cap = kCap == ModsCap::on ||
+                       (kCap == ModsCap::run_time && (p.mods.flags & ScoreMods::kSoftcap) != 0);
       const float slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
       // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
       const float diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
@@ -608,7 +619,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               pv = p_of(n, r, capped);
               cap_grad = fmaf(-th, th, 1.0f);
             }
-            const std::uint32_t kept = kept_mask(keep, n, r);
+            // Without dropout (a kernel compiled without it has no keep words) all kept.
+            const std::uint32_t kept = kDropout ? kept_mask(keep, n, r) : ~0u;
             dpacc[n][r] = pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) -
                                 delta_s[8 * n + 2 * t + e]);
             if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
@@ -622,7 +634,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           }
         }
       };
-      if (cap) {
+      if constexpr (kCap == ModsCap::on) {
+        ds_loop(std::true_type{});
+      } else if constexpr (kCap == ModsCap::off) {
+        ds_loop(std::false_type{});
+      } else if (cap) {
         ds_loop(std::true_type{});
       } else {
         ds_loop(std::false_type{});

@@ -20,9 +20,9 @@
 namespace memeff::cuda::sm90 {
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
-          bool kBiasTiles = false, bool kMods = false>
+          bool kBiasTiles = false, bool kMods = false, ModsCap kCap = ModsCap::run_time>
 void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods>;
+  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 backward kernel");
@@ -106,12 +106,24 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   const bool bias = p.bias != nullptr;
   // A bias the launcher described for TMA (16-bit, varying over queries) comes in tiles.
   const bool tiles = bias && tp.bias_tiles;
-  // ALiBi and the softcap run in the modifiers' kernel (bwd_kernel.cuh, kMods), dense or packed,
-  // with or without dropout and bias; so does a window with a bias read per score.
+  // ALiBi and the softcap run in the modifiers' kernels (bwd_kernel.cuh, kMods), dense or packed:
+  // with a bias, the one that reads dropout, the bias and the cap at run time; without, one per
+  // dropout and cap. So does a window with a bias read per score.
   const int mods = p.mods.flags;
   if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
       ((mods & ScoreMods::kWindow) && bias && !tiles)) {
-    launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, dbias_cross_cta, stream);
+    constexpr ModsCap kOn = ModsCap::on, kOff = ModsCap::off;
+    const bool cap = (mods & ScoreMods::kSoftcap) != 0;
+    if (bias) {
+      launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, dbias_cross_cta, stream);
+    } else if (p.has_dropout) {
+      cap ? launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, false, stream)
+          : launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, false, stream);
+    } else {
+      cap ? launch_backward_kernel<T, Tr, false, false, false, false, true, kOn>(tp, false, stream)
+          : launch_backward_kernel<T, Tr, false, false, false, false, true, kOff>(tp, false,
+                                                                                  stream);
+    }
   } else if (packed) {  // no bias (the validators refuse one)
     p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
                   : launch_backward_kernel<T, Tr, false, false, true>(tp, false, stream);

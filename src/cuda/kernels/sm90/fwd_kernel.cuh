@@ -179,21 +179,26 @@ __device__ __forceinline__ void add_tiled_bias(float (&s)[kNT][4], const unsigne
 // bias staged per key tile by the consumers (key_bias below), or 16-bit tiles the producer loads
 // by TMA beside K and V (bias_tiles below).
 //
-// kMods: the one instantiation per dtype and head dim with ALiBi and the softcap (ScoreMods), for
-// calls that have either, and for windowed calls whose bias takes BiasRead::global. Its dropout,
-// bias and packed layout follow the params at run time (kDropout, a global kBiasRead: a bias when
-// p.bias is set; kPacked false): one kernel instead of one per combination, so the build grows by
-// one kernel per head dim (docs/window.md has its cost). The other instantiations take the window
-// alone (but BiasRead::global, whose register budget it would exceed) behind one test of
-// p.mods.flags per tile.
+// kMods: the instantiations with ALiBi and the softcap (ScoreMods), for calls that have either, and
+// for windowed calls whose bias takes BiasRead::global. Three per dtype and head dim: with a bias
+// (kDropout and a global kBiasRead), whose dropout and bias follow the params at run time (a bias
+// when p.bias is set), and two without one (BiasRead::none), dropout fixed by kDropout, which keep
+// the registers of the run-time checks for the scores (measured: the general kernel spills at head
+// dim 128 and runs 20-30% slower than the plain one with ALiBi alone; docs/benchmarks.md). All of
+// them take packed calls at run time (kPacked false); the cap is one test of p.mods.flags per
+// tile. The other instantiations take the window alone (but BiasRead::global, whose register
+// budget it would exceed) behind one test of p.mods.flags per tile.
 template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked, bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
   constexpr bool kBias = kBiasRead != BiasRead::none;
   [[maybe_unused]] constexpr bool kBiasTiles = kBiasRead == BiasRead::tiles;
   static_assert(!(kPacked && kBias), "packed calls take no bias");
-  static_assert(!kMods || (kDropout && kBiasRead == BiasRead::global && !kPacked),
-                "the score-modifier kernel takes dropout, a bias and packing at run time");
+  static_assert(!kMods || (!kPacked && (kBiasRead == BiasRead::none ||
+                                        (kDropout && kBiasRead == BiasRead::global))),
+                "the score-modifier kernels take packing (and, with a bias, dropout) at run time");
+  // The modifiers' kernel with a bias: dropout and the bias as the params say.
+  constexpr bool kRuntimeDropout = kMods && kBias;
   // Instantiations with the window's code (the modifiers' kernel, and all but the global bias).
   [[maybe_unused]] constexpr bool kWindowCode = kMods || kBiasRead != BiasRead::global;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -207,7 +212,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // What the params switch on at run time in the modifiers' kernel (constants elsewhere).
   const bool packed_call = kPacked || (kMods && p.cu_seqlens_q != nullptr);
   const bool has_bias = kBias && (!kMods || p.bias != nullptr);
-  const bool dropout_on = kDropout && (!kMods || p.has_dropout);
+  const bool dropout_on = kDropout && (!kRuntimeDropout || p.has_dropout);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;

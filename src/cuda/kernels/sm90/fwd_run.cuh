@@ -87,14 +87,23 @@ void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream
                         : p.bias_stride.l == 0 ? BiasRead::keys
                         : params.bias_tiles    ? BiasRead::tiles
                                                : BiasRead::global;
-  // ALiBi and the softcap run in the modifiers' kernel (fwd_kernel.cuh, kMods), dense or packed,
-  // with or without dropout and bias; so does a window over a bias read per score from global
-  // memory. Every other call, windowed or not, takes its own instantiation.
+  // ALiBi and the softcap run in the modifiers' kernels (fwd_kernel.cuh, kMods), dense or packed:
+  // with a bias, the one that reads dropout and the bias at run time; without, one per dropout.
+  // So does a window over a bias read per score from global memory. Every other call, windowed
+  // or not, takes its own instantiation.
   const int mods = p.mods.flags;
   if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
       ((mods & ScoreMods::kWindow) && read == BiasRead::global)) {
-    launch_forward_kernel<T, Tr, true, BiasRead::global, false, true>(params, multiprocessors,
+    if (bias) {
+      launch_forward_kernel<T, Tr, true, BiasRead::global, false, true>(params, multiprocessors,
+                                                                        stream);
+    } else if (p.has_dropout) {
+      launch_forward_kernel<T, Tr, true, BiasRead::none, false, true>(params, multiprocessors,
                                                                       stream);
+    } else {
+      launch_forward_kernel<T, Tr, false, BiasRead::none, false, true>(params, multiprocessors,
+                                                                       stream);
+    }
   } else if (p.cu_seqlens_q != nullptr) {  // packed: no bias (the validators refuse one)
     p.has_dropout
         ? launch_forward_kernel<T, Tr, true, BiasRead::none, true>(params, multiprocessors, stream)
