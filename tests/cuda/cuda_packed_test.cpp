@@ -197,7 +197,8 @@ TEST_P(CudaPacked, EqualLengthsEqualTheDenseBatchBitForBit) {
 // Window, ALiBi (slopes [S, Hq]) and the softcap (docs/window.md; cuda_sm90 runs them) align
 // with each sequence's own lengths: a window alone (the packed instantiations), with ALiBi and a
 // cap (the score modifiers' one), each causal mode, dropout, GQA, empty and single-row sequences
-// and keys of other lengths; then a zero-width window in fp16 at head dim 128, deterministic.
+// and keys of other lengths; then a zero-width window in fp16 at head dim 128, deterministic;
+// then ALiBi without dropout, with and without the cap.
 TEST_P(CudaPacked, WindowAlibiAndSoftcapPerSequence) {
   if (GetParam() != "cuda_sm90") GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 alone";
   PackedConfig c{.seqlens_q = {17, 1, 0, 300, 129, 65},
@@ -223,6 +224,14 @@ TEST_P(CudaPacked, WindowAlibiAndSoftcapPerSequence) {
   c.window = Window{0, 0};
   c.softcap = 0.0;
   check(c, /*deterministic=*/true);
+  // Without dropout, ALiBi alone and then with the cap (the modifiers' kernels without a bias
+  // fix dropout, and the backward's the cap, at compile time).
+  c.dropout = 0.0;
+  c.window = Window{};
+  c.alibi = true;
+  check(c);
+  c.softcap = 3.0;
+  check(c);
 }
 
 TEST_P(CudaPacked, BadOffsetsOnTheDeviceAreNamed) {
