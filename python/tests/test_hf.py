@@ -324,9 +324,10 @@ def test_a_bf16_sliding_window_model_runs_its_window_in_the_hopper_kernels(monke
     assert mt.last_backends() == ("cuda_sm90", "cuda_sm90")
 
 
-def test_gpu_windows_go_without_a_mask_only_where_the_hopper_kernels_take_them(monkeypatch):
-    # cuda_sm90 runs windows for fp16/bf16 at head dims 64 and 128 on compute capability 9.0;
-    # every other GPU call keeps transformers' mask. (The device is faked: no GPU is touched.)
+def test_gpu_windows_go_without_a_mask_only_where_the_fused_kernels_take_them(monkeypatch):
+    # The fused kernels run windows for fp16/bf16 at head dims that are multiples of 8 up to 256
+    # on compute capability 8.0 and newer; every other GPU call keeps transformers' mask. (The
+    # device is faked: no GPU is touched.)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(mt, "backend_names", lambda: ["reference", "cpu", "cuda_sm90", "cuda"])
     config = transformers.MistralConfig(hidden_size=512, num_attention_heads=8)  # head dim 64
@@ -334,10 +335,13 @@ def test_gpu_windows_go_without_a_mask_only_where_the_hopper_kernels_take_them(m
     assert take("cuda", torch.bfloat16, config) and take("cuda:0", torch.float16, config)
     assert not take("cuda", torch.float32, config)
     assert not take("cuda", torch.bfloat16, None)
-    assert take("cuda", torch.bfloat16, transformers.MistralConfig(head_dim=128))
-    for head_dim in (16, 96, 256):  # 96 and 256: the backward has no windowed Hopper kernel
+    for head_dim in (16, 96, 128, 256):
+        assert take("cuda", torch.bfloat16, transformers.MistralConfig(head_dim=head_dim))
+    for head_dim in (12, 100, 264, 512):  # not a multiple of 8, or above 256
         assert not take("cuda", torch.bfloat16, transformers.MistralConfig(head_dim=head_dim))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert take("cuda", torch.bfloat16, config)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     assert not take("cuda", torch.bfloat16, config)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(mt, "backend_names", lambda: ["reference", "cpu"])

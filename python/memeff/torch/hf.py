@@ -179,26 +179,25 @@ def _is_causal_window(mask_fn, width) -> bool:
 
 
 # The head dims whose Hopper kernels run a window in both passes (docs/window.md).
-_WINDOW_HEAD_DIMS = (64, 128)
-
-
 def _kernels_take_windows(device, dtype=None, config=None) -> bool:
-    """Whether memeff's backends on `device` run a window for a model of `config` computing in
-    `dtype` (docs/window.md): the host backends always; on a GPU the Hopper kernels (cuda_sm90:
-    compute capability 9.0, fp16 or bf16, head dims 64 and 128 forward and backward). Other GPU
-    calls get transformers' sliding-window mask, read as a bias, as before windows existed."""
+    """Whether memeff's fused backends on `device` run a window for a model of `config` computing
+    in `dtype` (docs/window.md): the host backends always; on a GPU the fused kernels (`cuda` on
+    compute capability 8.0 and newer, `cuda_sm90` on 9.0: fp16 or bf16, head dims that are
+    multiples of 8 up to 256, forward and backward). Other GPU calls get transformers'
+    sliding-window mask, read as a bias, as before windows existed (cuda_math would run the
+    window too, but materializes the scores)."""
     device = torch.device(device)
     if device.type == "cpu":
         return True
     if (device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or config is None
-            or "cuda_sm90" not in _memeff_torch.backend_names()
-            or torch.cuda.get_device_capability(device) != (9, 0)):
+            or "cuda" not in _memeff_torch.backend_names()
+            or torch.cuda.get_device_capability(device) < (8, 0)):
         return False
     head_dim = getattr(config, "head_dim", None)
     if head_dim is None:
         heads = getattr(config, "num_attention_heads", None)
         head_dim = config.hidden_size // heads if heads else None
-    return head_dim in _WINDOW_HEAD_DIMS
+    return isinstance(head_dim, int) and 0 < head_dim <= 256 and head_dim % 8 == 0
 
 
 def _window_without_mask(kwargs) -> bool:
