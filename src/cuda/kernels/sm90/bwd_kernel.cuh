@@ -196,14 +196,16 @@ __device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
 // into the step's dS buffer (see the producer below); else a bias is read per score.
 //
 // kMods: the instantiations with ALiBi and the softcap (ScoreMods), for calls that have either,
-// and for windowed calls with a bias read per score. Five per dtype and head dim: with a bias
+// and for windowed calls with a bias read per score. Four per dtype and head dim: with a bias
 // (kDropout, kBias, kCap = ModsCap::run_time), whose dropout, bias and cap follow the params at
-// run time (a bias when p.bias is set, read per score), and four without one (kBias false), with
-// dropout and the cap fixed at compile time, which keep the registers the run-time checks take
-// (measured: the general kernel spilled up to 1 GB of local traffic at head dim 128; docs/
-// benchmarks.md). All take packed calls at run time (kPacked false), and their step computes P
-// and dS in its own code (the kMods branch of the main loop). The other instantiations take the
-// window alone (but the per-score bias's), behind tests of p.mods.flags the whole CTA takes alike.
+// run time (a bias when p.bias is set, read per score); without one, with the cap fixed at
+// compile time, and dropout too where there is no cap (with the cap, dropout at run time: ptxas,
+// sm_90a, head dim 64: the cap's kernel compiled without dropout spilled 554 bytes against 392
+// with it, and ran slower on the GPU). Fixing them keeps the registers the run-time checks take
+// (the general kernel spilled up to 1 GB of local traffic at head dim 128; docs/benchmarks.md).
+// All take packed calls at run time (kPacked false), and their step computes P and dS in its own
+// code (the kMods branch of the main loop). The other instantiations take the window alone (but
+// the per-score bias's), behind tests of p.mods.flags the whole CTA takes alike.
 enum class ModsCap { run_time, off, on };
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
@@ -217,8 +219,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                  (kBias ? kDropout && kCap == ModsCap::run_time : kCap != ModsCap::run_time)),
       "the score-modifier kernels take packing (with a bias: dropout, the cap) at run time");
   static_assert(kMods || kCap == ModsCap::run_time, "the cap is the modifiers' kernels'");
-  // The modifiers' kernel with a bias: dropout and the bias as the params say.
-  constexpr bool kRuntimeDropout = kMods && kBias;
+  // The modifiers' kernels with a bias or the cap: dropout as the params say.
+  constexpr bool kRuntimeDropout = kMods && (kBias || kCap == ModsCap::on);
+  static_assert(!kRuntimeDropout || kDropout, "run-time dropout is compiled with dropout");
   // Instantiations with the window's code (the modifiers' kernel, and all but the per-score bias).
   [[maybe_unused]] constexpr bool kWindowCode = kMods || !kBias || kBiasTiles;
   static_assert(!kBiasTiles || Tr::kStages == 2,

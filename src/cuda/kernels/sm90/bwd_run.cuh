@@ -107,22 +107,21 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   // A bias the launcher described for TMA (16-bit, varying over queries) comes in tiles.
   const bool tiles = bias && tp.bias_tiles;
   // ALiBi and the softcap run in the modifiers' kernels (bwd_kernel.cuh, kMods), dense or packed:
-  // with a bias, the one that reads dropout, the bias and the cap at run time; without, one per
-  // dropout and cap. So does a window with a bias read per score.
+  // with a bias, the one that reads dropout, the bias and the cap at run time; without, one with
+  // the cap (dropout at run time) and one per dropout without it. So does a window with a bias
+  // read per score.
   const int mods = p.mods.flags;
   if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
       ((mods & ScoreMods::kWindow) && bias && !tiles)) {
     constexpr ModsCap kOn = ModsCap::on, kOff = ModsCap::off;
-    const bool cap = (mods & ScoreMods::kSoftcap) != 0;
     if (bias) {
       launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, dbias_cross_cta, stream);
+    } else if (mods & ScoreMods::kSoftcap) {
+      launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, false, stream);
     } else if (p.has_dropout) {
-      cap ? launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, false, stream)
-          : launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, false, stream);
+      launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, false, stream);
     } else {
-      cap ? launch_backward_kernel<T, Tr, false, false, false, false, true, kOn>(tp, false, stream)
-          : launch_backward_kernel<T, Tr, false, false, false, false, true, kOff>(tp, false,
-                                                                                  stream);
+      launch_backward_kernel<T, Tr, false, false, false, false, true, kOff>(tp, false, stream);
     }
   } else if (packed) {  // no bias (the validators refuse one)
     p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
