@@ -223,11 +223,13 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
   }
 }
 
-// Top-left block calls with a window, ALiBi and a softcap (cuda_sm90 runs them; docs/window.md):
-// the window and the distances count from the global diagonal, in blocks that the window cuts,
-// hides and leaves whole, with kv_block, dropout and a bias with its gradient.
+// Top-left block calls with a window, ALiBi and a softcap (the fused cuda and cuda_sm90 run them;
+// docs/window.md): the window and the distances count from the global diagonal, in blocks that
+// the window cuts, hides and leaves whole, with kv_block, dropout and a bias with its gradient.
 TEST_P(CudaGlobalCoordinates, WindowAlibiAndSoftcapAtGlobalPositions) {
-  if (GetParam() != "cuda_sm90") GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 alone";
+  if (GetParam() != "cuda_sm90" && GetParam() != "cuda") {
+    GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 and cuda alone";
+  }
   Config cfg{.B = 2, .Hq = 4, .Hkv = 2, .Lq = 200, .Lk = 192, .D = 64};
   cfg.dtype = DType::bf16;
   cfg.causal = CausalMode::top_left;
