@@ -45,6 +45,8 @@ small+=":CudaMath.RowsWithoutKeysGiveZeroAndMinusInfinity"
 # The packed and global-coordinate paths.
 small+=":Backends/CudaPacked.BadOffsetsOnTheDeviceAreNamed/*:Backends/CudaPacked.KeysOfOtherLengths*/*"
 small+=":Backends/CudaGlobalCoordinates.KeyStartsOffTheDropoutBlocks/*"
+# The window's kernels of both fused backends: tiles it cuts, rows it leaves without a key.
+small+=":Backends/CudaWindow.RowsWithoutAVisibleKey/*"
 # The split-KV forward: every instantiation with dropout, rows without keys, strides.
 small+=":CudaSplitKv.DropoutMaskIsTheDocumentedOneElementByElement"
 small+=":CudaSplitKv.RowsWithoutKeysGiveZeroAndMinusInf:CudaSplitKv.BlhdStridesScalesAndUnequalHeadDims"

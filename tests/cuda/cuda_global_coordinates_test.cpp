@@ -223,14 +223,11 @@ TEST_P(CudaGlobalCoordinates, BlockCallsMatchTheReference) {
   }
 }
 
-// Top-left block calls with a window, ALiBi and a softcap (cuda_sm90 and cuda_math run them;
+// Top-left block calls with a window, ALiBi and a softcap (every backend here runs them;
 // docs/window.md): the window and the distances count from the global diagonal, in blocks that
 // the window cuts, hides and leaves whole, with kv_block, dropout and a bias with its gradient;
 // cuda_math in fp32 too.
 TEST_P(CudaGlobalCoordinates, WindowAlibiAndSoftcapAtGlobalPositions) {
-  if (GetParam() != "cuda_sm90" && GetParam() != "cuda_math") {
-    GTEST_SKIP() << "window, ALiBi and softcap run on cuda_sm90 and cuda_math alone";
-  }
   Config cfg{.B = 2, .Hq = 4, .Hkv = 2, .Lq = 200, .Lk = 192, .D = 64};
   cfg.dtype = DType::bf16;
   cfg.causal = CausalMode::top_left;

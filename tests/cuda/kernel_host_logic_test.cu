@@ -1,6 +1,6 @@
 // Host-side logic of the CUDA kernel families that needs no device, so CI runs it: the mask
 // policy's trip counts against a brute-force walk of the mask, the head-dim buckets, the dbias
-// plan and the reasons every fused family shares.
+// plan and the reasons every fused family shares (the softcap's range among them).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/reasons.h"
+#include "cuda/kernels/sm80/family.h"
 
 namespace memeff::cuda {
 namespace {
@@ -229,6 +230,40 @@ TEST(CommonReasons, NameEachCheckThatFails) {
   reasons.clear();
   add_common_reasons(reasons, ok, 128, "", 8);
   EXPECT_TRUE(reasons.empty()) << joined(reasons);
+}
+
+// The softcap's factors scale / softcap and softcap / scale (ScoreMods) must be normal fp32
+// numbers: a cap that puts one outside the range is refused with a reason that names it, by the
+// shared check and by the sm80 family's forward and backward, which take every other modifier.
+TEST(CommonReasons, ASoftcapOutsideFp32sNormalRangeIsNamed) {
+  BackwardParams p;
+  p.B = p.Hq = p.Hkv = p.group = 1;
+  p.Lq = p.Lk = 128;
+  p.D = p.Dv = 64;
+  p.mods.flags = ScoreMods::kSoftcap | ScoreMods::kAlibi | ScoreMods::kWindow;
+  p.mods.left_reach = 16;
+  p.mods.softcap_in = 0.125f;  // scale / softcap
+  p.mods.softcap_out = 8.0f;
+  p.mods.softcap_exp2 = 0.125f * 2.0f * 1.4426950408889634f;
+  std::vector<std::string> reasons;
+  add_score_modifier_reasons(reasons, p);
+  EXPECT_TRUE(reasons.empty()) << joined(reasons);
+  const DeviceCaps ampere{8, 0, 108};
+  EXPECT_TRUE(sm80::Family::kScoreModifiers);
+  EXPECT_TRUE(sm80::Family::forward_reasons(p, ampere).empty())
+      << joined(sm80::Family::forward_reasons(p, ampere));
+  EXPECT_TRUE(sm80::Family::backward_reasons(p, ampere).empty())
+      << joined(sm80::Family::backward_reasons(p, ampere));
+
+  p.mods.softcap_in = 1e38f;  // a cap of scale·1e-38: its inverse is below fp32's normal range
+  p.mods.softcap_out = 1e-38f;
+  p.mods.softcap_exp2 = 1e38f * 2.0f * 1.4426950408889634f;
+  add_score_modifier_reasons(reasons, p);
+  ASSERT_EQ(reasons.size(), 1u) << joined(reasons);
+  EXPECT_NE(reasons[0].find("softcap / scale"), std::string::npos) << reasons[0];
+  EXPECT_NE(reasons[0].find("outside fp32's normal range"), std::string::npos) << reasons[0];
+  EXPECT_EQ(joined(sm80::Family::forward_reasons(p, ampere)), reasons[0] + "\n");
+  EXPECT_EQ(joined(sm80::Family::backward_reasons(p, ampere)), reasons[0] + "\n");
 }
 
 }  // namespace

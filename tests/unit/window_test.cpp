@@ -421,19 +421,19 @@ TEST(WindowValidation, BadValuesNameTheirArgument) {
 }
 
 // Backends without the features refuse them by name, one reason each; the CUDA backends (built
-// here or not) say so in the dispatcher's explanation, but cuda_sm90 and cuda_math, which take
-// all three (docs/window.md) and name none of them.
+// here or not) say so in the dispatcher's explanation, but cuda, cuda_sm90 and cuda_math, which
+// take all three (docs/window.md) and name none of them.
 TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
   Problem p;
-  EXPECT_TRUE(score_modifier_reasons(p, "cuda").empty());
+  EXPECT_TRUE(score_modifier_reasons(p, "cuda_splitkv").empty());
   p.window_left = 4;
   p.has_alibi = true;
   p.softcap = 30.0;
-  const std::vector<std::string> r = score_modifier_reasons(p, "cuda");
+  const std::vector<std::string> r = score_modifier_reasons(p, "cuda_splitkv");
   ASSERT_EQ(r.size(), 3u);
-  EXPECT_TRUE(contains(r[0], "window: not in the cuda kernels yet"));
-  EXPECT_TRUE(contains(r[1], "alibi_slopes: not in the cuda kernels yet"));
-  EXPECT_TRUE(contains(r[2], "softcap: not in the cuda kernels yet"));
+  EXPECT_TRUE(contains(r[0], "window: not in the cuda_splitkv kernels yet"));
+  EXPECT_TRUE(contains(r[1], "alibi_slopes: not in the cuda_splitkv kernels yet"));
+  EXPECT_TRUE(contains(r[2], "softcap: not in the cuda_splitkv kernels yet"));
 
   const std::vector<std::string> registered = backend_names();
   Config c = windowed(16, 16, CausalMode::top_left, Window{8, 0});
@@ -454,7 +454,7 @@ TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
         if (report.name != name) continue;
         for (const std::string& reason : report.reasons) all += reason + "\n";
       }
-      if (name == "cuda_sm90" || name == "cuda_math") {
+      if (name == "cuda_sm90" || name == "cuda" || name == "cuda_math") {
         EXPECT_FALSE(contains(all, "window")) << all;
         EXPECT_FALSE(contains(all, "softcap")) << all;
         continue;

@@ -1,9 +1,11 @@
 // The host-side checks both fused kernel families make of their params before a launch, in one
 // place: the grid's limits, head-dim buckets, 16-byte alignment of pointers and strides (the
-// kernels load 16-byte vectors with cp.async or TMA) and the GQA group. Each family adds its own
-// (compute capability, grid bounds of its tiles, coordinate widths) in its launchers.
+// kernels load 16-byte vectors with cp.async or TMA), the GQA group and the softcap's range. Each
+// family adds its own (compute capability, grid bounds of its tiles, coordinate widths) in its
+// launchers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -98,6 +100,17 @@ inline void add_common_reasons(std::vector<std::string>& reasons, const Backward
   check_strides(reasons, "dq", p.dq_stride, grad_multiple, why);
   check_strides(reasons, "dk", p.dk_stride, grad_multiple, why);
   check_strides(reasons, "dv", p.dv_stride, grad_multiple, why);
+}
+
+// The softcap's factors scale / softcap and softcap / scale (ScoreMods) must be normal fp32
+// numbers: the kernels of both families multiply by them with denormals flushed.
+inline void add_score_modifier_reasons(std::vector<std::string>& reasons, const ForwardParams& p) {
+  if (!(p.mods.flags & ScoreMods::kSoftcap)) return;
+  auto normal = [](float x) { return std::fpclassify(x) == FP_NORMAL; };
+  if (!normal(p.mods.softcap_in) || !normal(p.mods.softcap_out) || !normal(p.mods.softcap_exp2)) {
+    reasons.push_back("softcap / scale = " + std::to_string(p.mods.softcap_out) +
+                      " is outside fp32's normal range (the kernels keep scores in units of q·k)");
+  }
 }
 
 }  // namespace memeff::cuda

@@ -2,7 +2,7 @@
 // the sliding window's element mask, ALiBi's distance penalty and the softcap, each applied in
 // place to the m16n8 C layout of common/softmax.cuh (a thread's rows row0 and row0 + 8, its keys
 // n0 + 8n + 2t + {0, 1}), and the tanh the cap takes, to the absolute accuracy a score needs.
-// The sm90 backward applies the same rules to its Sᵀ fragments with these scalar helpers.
+// The backwards apply the same rules to their Sᵀ fragments with these scalar helpers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/softmax.cuh"
+#include "cuda/kernels/common/types.cuh"
 
 namespace memeff::cuda {
 
@@ -35,6 +36,22 @@ __device__ __forceinline__ void softcap_scores(float (&s)[kNT][4], const ScoreMo
   for (int n = 0; n < kNT; ++n)
 #pragma unroll
     for (int r = 0; r < 4; ++r) s[n][r] = softcap_score(s[n][r], m);
+}
+
+// A backward's P∘Z (in T, as its dV product takes it) and the cap's derivative 1 - tanh² (fp16:
+// it lies in [0, 1]) in one 32-bit register, the word of the element's fp32 P∘Z: dbias takes dS
+// before the derivative multiplies it, and meanwhile no fragment beyond the plain step's is held.
+template <class T>
+__device__ __forceinline__ float pack_p_and_cap_grad(float pz, float cap_grad) {
+  return __uint_as_float((std::uint32_t{bits16(from_float<T>(pz))} << 16) |
+                         bits16(__float2half_rn(cap_grad)));
+}
+__device__ __forceinline__ float cap_grad_of(float packed) {
+  return unpack_lo<__half>(__float_as_uint(packed));
+}
+template <class T>
+__device__ __forceinline__ float p_of_packed(float packed) {
+  return unpack_hi<T>(__float_as_uint(packed));
 }
 
 // The ALiBi slope of (b, h): b the batch entry, or the sequence when packed.

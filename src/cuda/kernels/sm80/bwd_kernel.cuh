@@ -15,6 +15,13 @@
 // scheduler over cu_seqlens_k; a sequence then reads like a dense batch entry of its own lengths
 // whose rows start at its packed rows, and the fp32 workspace holds one row per (head, packed
 // query row) (bwd_traits.cuh). The dense instantiation keeps compile-time zero offsets.
+//
+// Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md) run in their own
+// instantiation (kMods below): a key block walks only the query blocks that see one of its keys
+// (KeyMask::query_blocks), so its work follows the window; steps the window (or Lk, or the
+// causal diagonal) cuts get its element mask, and rows that see a single key (by the window's
+// count) get dS = 0. The score is cap(scale·q·k) + bias - slope·|i + shift - j|; dbias takes dS,
+// then the cap's derivative 1 - tanh² multiplies it for dQ and dK.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +34,7 @@
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/score_modifiers.cuh"
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/common/varlen.cuh"
 #include "cuda/kernels/sm80/bwd_traits.cuh"
@@ -59,10 +67,20 @@ struct BwdLaunchExtra {
 };
 
 // kBias: p.bias is set (a template argument, as in the forward); packed calls have none.
-template <class T, class Tr, bool kPacked, bool kBias>
+//
+// kMods: the one instantiation per dtype and head dim for calls with a window, ALiBi or a softcap
+// (p.mods.flags != 0). Its bias and packed layout follow the params at run time (kBias: a bias
+// when p.bias is set; kPacked false: packed when p.cu_seqlens_q is set; dropout does in every
+// instantiation), and its step computes P and dS in its own code (the kMods branch below).
+template <class T, class Tr, bool kPacked, bool kBias, bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_backward_kernel(const BackwardParams p, const BwdLaunchExtra extra) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
+  static_assert(!kMods || (kBias && !kPacked),
+                "the score-modifier kernel takes a bias and packing at run time");
+  // What the params switch on at run time in the modifiers' kernel (constants elsewhere).
+  const bool packed_call = kPacked || (kMods && p.cu_seqlens_q != nullptr);
+  const bool has_bias = kBias && (!kMods || p.bias != nullptr);
   constexpr int kHeadDim = Tr::kHeadDim, kBlockN = Tr::kBlockN, kBlockM = Tr::kBlockM,
                 kRowPad = Tr::kRowPad;
   constexpr int kNT = kBlockM / 8;   // n8 tiles of queries in Sᵀ
@@ -88,7 +106,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   int b, kvh;
   std::int64_t n0;
   SeqSpan span;
-  if constexpr (kPacked) {
+  if (packed_call) {
     kvh = blockIdx.y;
     int key_block;
     if (extra.seq_per_cta) {
@@ -114,15 +132,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     kvh = y % p.Hkv;
     const int key_block = blockIdx.x + extra.key_block_base;
     n0 = static_cast<std::int64_t>(key_block) * kBlockN;
+    if constexpr (kMods) span = seq_span(p, b);  // the batch entry's lengths, zero offsets
   }
   // References, not copies: the dense kernel then reads the params where it uses them (constant
   // bank operands) and keeps no registers for them in the main loop.
-  const std::int64_t& Lq = kPacked ? span.Lq : p.Lq;
-  const std::int64_t& Lk = kPacked ? span.Lk : p.Lk;
-  const std::int64_t& causal_shift = kPacked ? span.causal_shift : p.causal_shift;
+  constexpr bool kSpan = kPacked || kMods;  // lengths from `span` (the modifiers' kernel: always)
+  const std::int64_t& Lq = kSpan ? span.Lq : p.Lq;
+  const std::int64_t& Lk = kSpan ? span.Lk : p.Lk;
+  const std::int64_t& causal_shift = kSpan ? span.causal_shift : p.causal_shift;
   // Row of query i of head h in softmax_d and dq_accum (workspace_rows).
   auto ws_row = [&](int h, std::int64_t i) -> std::int64_t {
-    if constexpr (kPacked) {
+    if (packed_call) {
       return h * p.total_q + span.q0 + i;
     } else {
       return (static_cast<std::int64_t>(b) * p.Hq + h) * p.Lq + i;
@@ -158,10 +178,20 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     cp_async_commit();
   }
 
-  // Query blocks this key block meets: all, or (causal) those with some i where n0 <= i + shift.
+  // Query blocks this key block meets: all, or (causal) those with some i where n0 <= i + shift;
+  // the window's (kMods) also end them (KeyMask::query_blocks).
   const int num_m = static_cast<int>((Lq + kBlockM - 1) / kBlockM);
-  const int m_begin = KeyMask{is_causal(p), Lk, causal_shift}.first_query_block<kBlockM>(n0, num_m);
-  const int m_count = num_m - m_begin;
+  int m_begin, m_count;
+  if constexpr (kMods) {
+    const BlockRange range =
+        KeyMask{is_causal(p), Lk, causal_shift, p.mods.left_reach, p.mods.right_reach}
+            .query_blocks<kBlockM, kBlockN>(n0, num_m);
+    m_begin = range.begin;
+    m_count = range.count();
+  } else {
+    m_begin = KeyMask{is_causal(p), Lk, causal_shift}.first_query_block<kBlockM>(n0, num_m);
+    m_count = num_m - m_begin;
+  }
   const int items = m_count * p.group;
 
   // Issues the loads of item `it` into buffer `buf`: Q and dO tiles by cp.async; lse, delta and
@@ -270,9 +300,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // P = exp2(S·scale·log2e + bias·log2e − lse·log2e), masked; Z from the keep bits;
-    // s ← P∘Z (for dV), dp ← dS = P∘(Z∘dP − D).
-    // Masks in 32-bit tile-local terms: key row kr = key_row0 + g + 8·hh of the block is past
-    // the end when kr >= keys_left, and causally hidden from query qi when kr - qi > causal_lim.
+    // s ← P∘Z (for dV), dp ← dS = P∘(Z∘dP − D). Key row kr = key_row0 + g + 8·hh of the block
+    // (key j_lo + 8·hh) is past the end when kr >= keys_left; query column qi (query m0 + qi)
+    // past Lq when qi >= rows_left. Masks in 32-bit tile-local terms: key row kr is causally
+    // hidden from query qi when kr - qi > causal_lim (the plain step's).
     const bool need_mask =
         (n0 + kBlockN > Lk) || (is_causal(p) && n0 + kBlockN - 1 > m0 + causal_shift);
     const int keys_left = static_cast<int>(Lk - n0 < kBlockN ? Lk - n0 : kBlockN);
@@ -283,47 +314,137 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const std::uint16_t* keep = sKeep + buf * (Tr::kKeyBlocks64 * kBlockM * 4);
     const int kb64 = key_row0 / 64;
     const int byte_lo = 2 * ((key_row0 % 64) / 8) + (g & 1);  // byte of key j_lo; j_hi: +2
-    constexpr bool has_bias = kBias;
     const float score_limit = has_bias ? bias_score_limit(p.scale_log2) : 0.0f;
     std::int64_t bias_tile = 0;  // element offset of (m0, j_lo) in the bias
-    if constexpr (has_bias)
+    if (has_bias)
       bias_tile = b * p.bias_stride.b + h * p.bias_stride.h + m0 * p.bias_stride.l + j_lo;
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int qi = n * 8 + 2 * t + e;
-        // lse·log2e; +inf for rows past Lq or without a visible key (lse = -inf): P = 0.
-        const float lse = lse_row[qi];
-        const float l2 = (qi < rows_left && lse != -INFINITY) ? lse * kLog2e : INFINITY;
-        const float dl = delta[qi];
-        std::uint32_t kbits = 0xFFFFu;
-        if (p.has_dropout) kbits = keep[(kb64 * kBlockM + qi) * 4 + (g >> 1)];
-        // Not for a key block of a larger attention (the row may see other keys there); packed
-        // calls never are one (validation), and leaving the flag out keeps them from spilling.
-        const bool zero_ds = need_mask && (kPacked || !p.kv_block) &&
-                             sees_one_key(m0 + qi, Lk, is_causal(p), causal_shift);
+    // lse·log2e of query column qi; +inf for rows past Lq or without a visible key (lse = -inf):
+    // P = 0.
+    auto lse_log2 = [&](int qi) {
+      const float lse = lse_row[qi];
+      return (qi < rows_left && lse != -INFINITY) ? lse * kLog2e : INFINITY;
+    };
+    // The dropout map's keep bits of query column qi (all ones without dropout).
+    auto keep_bits = [&](int qi) -> std::uint32_t {
+      return p.has_dropout ? keep[(kb64 * kBlockM + qi) * 4 + (g >> 1)] : 0xFFFFu;
+    };
+    // bias·log2e of (query column qi, key row kr of half hh); 0 past Lq or Lk.
+    auto bias_log2 = [&](int qi, int kr, int hh) {
+      float bias_l2 = 0.f;
+      if (has_bias && qi < rows_left && kr < keys_left) {
+        const std::int64_t off = bias_tile + qi * p.bias_stride.l + 8 * hh;
+        bias_l2 = (p.bias_is_fp32 ? static_cast<const float*>(p.bias)[off]
+                                  : to_float(static_cast<const T*>(p.bias)[off])) *
+                  kLog2e;
+      }
+      return bias_l2;
+    };
+    // Dropout's Z of key half hh from the keep bits: keep_scale or 0 (1 without dropout).
+    auto dropout_z = [&](std::uint32_t kbits, int hh) {
+      float z = 1.f;
+      if (p.has_dropout) z = ((kbits >> (byte_lo + 2 * hh)) & 1u) ? keep_scale : 0.f;
+      return z;
+    };
+    if constexpr (kMods) {
+      // The modifiers' step: the score is cap(scale·s) + bias - slope·|i + shift - j| (each where
+      // the call has it), masked by the window, the causal mask and Lk on the steps they cut
+      // (window_mask), with the window's single-key rows. The thread's rows of Sᵀ are keys j_lo
+      // and j_hi = j_lo + 8 (not the sm90 backward's key0, key0 + 1), its columns the queries
+      // m0 + 2t + 8n + e, as the sm90 one's.
+      const KeyMask mask{is_causal(p), Lk, causal_shift, p.mods.left_reach, p.mods.right_reach};
+      const bool window_mask = mask.tile_needs_mask<kBlockM, kBlockN>(m0, n0);
+      const bool cap = (p.mods.flags & ScoreMods::kSoftcap) != 0;
+      const float slope_log2 =
+          (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) * kLog2e : 0.0f;
+      // i + shift - j of element (0, 0): query m0 + 2t, key j_lo (fp32: exact below 2^24).
+      const float diagonal = static_cast<float>(m0 + 2 * t + causal_shift - j_lo);
+      // Columns [lo[hh], hi[hh]) (c = 8n + e) whose queries see key j_lo + 8·hh.
+      int lo[2] = {0, 0}, hi[2] = {8 * kNT, 8 * kNT};
+      if (window_mask) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int r = 2 * hh + e;
-          const int kr = key_row0 + g + 8 * hh;
-          float bias_l2 = 0.f;
-          if (has_bias && qi < rows_left && kr < keys_left) {
-            const std::int64_t off = bias_tile + qi * p.bias_stride.l + 8 * hh;
-            bias_l2 = (p.bias_is_fp32 ? static_cast<const float*>(p.bias)[off]
-                                      : to_float(static_cast<const T*>(p.bias)[off])) *
-                      kLog2e;
+          const detail::KeySpan rows = mask.rows_of_key(j_lo + 8 * hh);
+          lo[hh] = fragment_column<kNT>(rows.begin, m0, t);
+          hi[hh] = fragment_column<kNT>(rows.end, m0, t);
+        }
+      }
+      // Bit 2n + e: query column 8n + 2t + e sees a single key, so its dS is 0 (not for a key
+      // block of a larger attention, where the row may see other keys; packed calls never are).
+      const std::uint32_t single =
+          window_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int qi = n * 8 + 2 * t + e, c = 8 * n + e;
+          const float l2 = lse_log2(qi);
+          const float dl = delta[qi];
+          const std::uint32_t kbits = keep_bits(qi);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = 2 * hh + e;
+            // The cap of q·k in its own units (ScoreMods), and its derivative 1 - tanh².
+            float sv = s[n][r], cap_grad = 1.f;
+            if (cap) {
+              sv = softcap_score(sv, p.mods);
+              const float th = sv * p.mods.softcap_in;  // tanh(scale·s / softcap)
+              cap_grad = fmaf(-th, th, 1.f);
+            }
+            // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+            if (has_bias) sv = bias_safe_score(sv, score_limit);
+            const float x = fmaf(-slope_log2, fabsf(diagonal + static_cast<float>(c - 8 * hh)),
+                                 bias_log2(qi, key_row0 + g + 8 * hh, hh) - l2);
+            float pv = fast_exp2(fmaf(sv, p.scale_log2, x));
+            if (c < lo[hh] || c >= hi[hh]) pv = 0.f;
+            const float z = dropout_z(kbits, hh);
+            const float ds = pv * (z * dp[n][r] - dl);
+            dp[n][r] = (single >> (2 * n + e)) & 1u ? ds * 0.f : ds;  // NaN stays (docs/api.md)
+            s[n][r] = cap ? pack_p_and_cap_grad<T>(pv * z, cap_grad) : pv * z;
           }
-          // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
-          const float sv = has_bias ? bias_safe_score(s[n][r], score_limit) : s[n][r];
-          float pv = fast_exp2(fmaf(sv, p.scale_log2, bias_l2 - l2));
-          if (need_mask && (kr >= keys_left || kr - qi > causal_lim)) pv = 0.f;
-          float z = 1.f;
-          if (p.has_dropout) z = ((kbits >> (byte_lo + 2 * hh)) & 1u) ? keep_scale : 0.f;
-          s[n][r] = pv * z;
-          // Times 0, not 0: a NaN or Inf stays, it is the data's, not rounding's (docs/api.md).
-          const float ds = pv * (z * dp[n][r] - dl);
-          dp[n][r] = zero_ds ? ds * 0.f : ds;
+        }
+      }
+      // dbias takes dS as it is (dense calls; packed ones have no bias); then the cap's
+      // derivative multiplies it and P∘Z comes back out of the words it shared with it.
+      if (has_bias) {
+        write_dbias<T>(p, extra.dbias_mode, extra.dbias_accum, dp, 1.0f, b, h, m0, j_lo, j_hi, t);
+      }
+      if (cap) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            dp[n][r] *= cap_grad_of(s[n][r]);
+            s[n][r] = p_of_packed<T>(s[n][r]);
+          }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int qi = n * 8 + 2 * t + e;
+          const float l2 = lse_log2(qi);
+          const float dl = delta[qi];
+          const std::uint32_t kbits = keep_bits(qi);
+          // Not for a key block of a larger attention (the row may see other keys there); packed
+          // calls never are one (validation), and leaving the flag out keeps them from spilling.
+          const bool zero_ds = need_mask && (kPacked || !p.kv_block) &&
+                               sees_one_key(m0 + qi, Lk, is_causal(p), causal_shift);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = 2 * hh + e;
+            const int kr = key_row0 + g + 8 * hh;
+            const float bias_l2 = bias_log2(qi, kr, hh);
+            // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+            const float sv = has_bias ? bias_safe_score(s[n][r], score_limit) : s[n][r];
+            float pv = fast_exp2(fmaf(sv, p.scale_log2, bias_l2 - l2));
+            if (need_mask && (kr >= keys_left || kr - qi > causal_lim)) pv = 0.f;
+            const float z = dropout_z(kbits, hh);
+            s[n][r] = pv * z;
+            // Times 0, not 0: a NaN or Inf stays, it is the data's, not rounding's (docs/api.md).
+            const float ds = pv * (z * dp[n][r] - dl);
+            dp[n][r] = zero_ds ? ds * 0.f : ds;
+          }
         }
       }
     }
@@ -361,7 +482,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       *reinterpret_cast<std::uint32_t*>(sdS + (key_row0 + g + 8) * Tr::kDsPad + qc) =
           pack2<T>(dp[n][2], dp[n][3]);
     }
-    if constexpr (!kPacked) {
+    if constexpr (!kPacked && !kMods) {  // (the modifiers' kernel wrote it above)
       write_dbias<T>(p, extra.dbias_mode, extra.dbias_accum, dp, 1.0f, b, h, m0, j_lo, j_hi, t);
     }
     __syncthreads();

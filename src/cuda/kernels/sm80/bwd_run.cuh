@@ -1,6 +1,7 @@
 // Host side of one sm80 backward instantiation: workspace carving and the launch sequence
 // zeroing -> preprocess -> main kernel -> conversions (deterministic mode replaces the one big
-// main launch by a fixed sequence of launches so every fp32 atomic lands in one order).
+// main launch by a fixed sequence of launches so every fp32 atomic lands in one order). Calls
+// with a window, ALiBi or a softcap take the modifiers' main kernel (bwd_kernel.cuh, kMods).
 // Included only by the per-instantiation files inst/bwd_*.cu.
 #pragma once
 
@@ -25,10 +26,10 @@ namespace memeff::cuda::sm80 {
 // one launch per key block: each dq_accum element then receives one atomic per launch, in
 // key-block order. A dbias reduced across CTAs (over B, or over H across kv heads) also needs one
 // CTA per launch.
-template <class T, class Tr, bool kBias>
+template <class T, class Tr, bool kBias, bool kMods = false>
 void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_in,
                            bool dbias_cross_cta, cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, false, kBias>;
+  auto kernel = attention_backward_kernel<T, Tr, false, kBias, kMods>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 backward kernel");
   BwdLaunchExtra extra = extra_in;
@@ -59,11 +60,13 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
 // scheduler's grid, sized from the row count so that no host read of the offsets is needed), or,
 // deterministic, one launch per key block index with one CTA per sequence, so that each dq_accum
 // element receives one atomic per launch, in key-block order, as in the dense launches (an
-// equal-length packed call then gives the dense batch's bits).
-template <class T, class Tr>
+// equal-length packed call then gives the dense batch's bits). The modifiers' kernel is the one
+// of dense calls too, packed at run time (kMods).
+template <class T, class Tr, bool kMods = false>
 void launch_backward_packed(const BackwardParams& p, const BwdLaunchExtra& extra_in,
                             cudaStream_t stream) {
-  auto kernel = attention_backward_kernel<T, Tr, true, false>;
+  auto kernel = kMods ? attention_backward_kernel<T, Tr, false, true, true>
+                      : attention_backward_kernel<T, Tr, true, false>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 packed backward kernel");
   BwdLaunchExtra extra = extra_in;
@@ -116,12 +119,16 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   launch_bwd_preprocess<T>(p, p.softmax_d, nullptr,
                            PreprocessRows{wr.batches * p.Hq, wr.rows, wr.rows}, 1.0f, stream);
 
-  // 3. The main kernel.
+  // 3. The main kernel: the modifiers' one for a window, ALiBi or a softcap, dense or packed.
+  const bool mods = p.mods.flags != 0;
   if (p.cu_seqlens_k != nullptr) {
-    launch_backward_packed<T, Tr>(p, extra, stream);
+    mods ? launch_backward_packed<T, Tr, true>(p, extra, stream)
+         : launch_backward_packed<T, Tr>(p, extra, stream);
   } else {
     const bool cross_cta = ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p);
-    if (p.bias != nullptr) {
+    if (mods) {
+      launch_backward_dense<T, Tr, true, true>(p, extra, cross_cta, stream);
+    } else if (p.bias != nullptr) {
       launch_backward_dense<T, Tr, true>(p, extra, cross_cta, stream);
     } else {
       launch_backward_dense<T, Tr, false>(p, extra, cross_cta, stream);

@@ -8,8 +8,7 @@ namespace memeff::cuda::sm80 {
 
 struct Family {
   static constexpr const char* kBackend = "cuda";
-  // Window, ALiBi, softcap: refused (docs/window.md).
-  static constexpr bool kScoreModifiers = false;
+  static constexpr bool kScoreModifiers = true;  // window, ALiBi, softcap (ScoreMods)
   static std::vector<std::string> forward_reasons(const ForwardParams& p, const DeviceCaps& dev);
   static std::vector<std::string> backward_reasons(const BackwardParams& p, const DeviceCaps& dev);
   static std::size_t backward_workspace_bytes(const BackwardParams& p);

@@ -9,6 +9,13 @@
 // all addressing is then that of a dense batch entry of the sequence's lengths whose rows start
 // at its packed rows. The dense instantiation keeps compile-time zero offsets and reads the
 // lengths from the params where it uses them, so packed support costs it nothing.
+//
+// Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md) run in their own
+// instantiations (kMods below), so the others keep their code: a CTA visits only the key tiles
+// some row of its block sees (KeyMask::key_tile_range), so its work follows the window, not Lk;
+// the cap replaces q·k before the scale and the bias, ALiBi's -slope·|i + shift - j| follows them
+// in natural units, and tiles the window (or Lk, or the causal diagonal) cuts get the window's
+// element mask (score_modifiers.cuh), the others none.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +28,7 @@
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/score_modifiers.cuh"
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/common/varlen.cuh"
 #include "cuda/kernels/sm80/fwd_traits.cuh"
@@ -76,10 +84,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans_addr(std::uint32_t (&r)[4], st
 
 // kBias: p.bias is set (a template argument, so the kernels without a bias carry none of its
 // registers or its rare NaN fix-up); packed calls have none.
-template <class T, class Tr, bool kDropout, bool kPacked, bool kBias>
+//
+// kMods: the instantiation (one per dtype, head dim and dropout) for calls with a window, ALiBi
+// or a softcap (p.mods.flags != 0). Its bias and packed layout follow the params at run time
+// (kBias: a bias when p.bias is set; kPacked false: packed when p.cu_seqlens_q is set), so the
+// build grows by two kernels per dtype and head dim rather than one per combination.
+template <class T, class Tr, bool kDropout, bool kPacked, bool kBias, bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     attention_forward_kernel(const ForwardParams p) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
+  static_assert(!kMods || (kBias && !kPacked),
+                "the score-modifier kernel takes a bias and packing at run time");
+  // What the params switch on at run time in the modifiers' kernel (constants elsewhere).
+  const bool packed_call = kPacked || (kMods && p.cu_seqlens_q != nullptr);
+  const bool has_bias = kBias && (!kMods || p.bias != nullptr);
   constexpr int kMT = Tr::kMTiles, kNT = Tr::kNTiles, kDT = Tr::kDTiles, kHD = Tr::kHeadDim;
   constexpr float kNegInf = -INFINITY;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -96,7 +114,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   std::int64_t m0;
   std::int64_t bh;  // the dropout map's (b, h): batch entry or sequence b (docs/dropout.md)
   SeqSpan span;
-  if constexpr (kPacked) {
+  if (packed_call) {
     // Every warp runs the scheduler (a few coalesced loads of the offsets) rather than one warp
     // and a barrier: the answer is the same in all of them, so the whole CTA returns together.
     const VarlenTile tile =
@@ -118,12 +136,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     kvh = h / p.group;
     // Heaviest query blocks (most keys under a causal mask) are scheduled first.
     m0 = static_cast<std::int64_t>(gridDim.y - 1 - blockIdx.y) * Tr::kBlockM;
+    if constexpr (kMods) span = seq_span(p, b);  // the batch entry's lengths, zero offsets
   }
   // References, not copies: the dense kernel then reads the params where it uses them (constant
   // bank operands) and keeps no registers for them in the main loop.
-  const std::int64_t& Lq = kPacked ? span.Lq : p.Lq;
-  const std::int64_t& Lk = kPacked ? span.Lk : p.Lk;
-  const std::int64_t& causal_shift = kPacked ? span.causal_shift : p.causal_shift;
+  constexpr bool kSpan = kPacked || kMods;  // lengths from `span` (the modifiers' kernel: always)
+  const std::int64_t& Lq = kSpan ? span.Lq : p.Lq;
+  const std::int64_t& Lk = kSpan ? span.Lk : p.Lk;
+  const std::int64_t& causal_shift = kSpan ? span.causal_shift : p.causal_shift;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + h * p.q_stride.h +
                (span.q0 + m0) * p.q_stride.l;
@@ -132,22 +152,40 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const T* v =
       static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + span.k0 * p.v_stride.l;
 
-  const int n_tiles =
-      KeyMask{is_causal(p), Lk, causal_shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(m0);
+  // Key tiles [n_first, n_first + n_tiles): from 0 but in the modifiers' kernel, where the
+  // window's left side also skips the tiles before the first key the block sees.
+  int n_first = 0, n_tiles;
+  if constexpr (kMods) {
+    const BlockRange tiles =
+        KeyMask{is_causal(p), Lk, causal_shift, p.mods.left_reach, p.mods.right_reach}
+            .key_tile_range<Tr::kBlockM, Tr::kBlockN>(m0);
+    n_first = tiles.begin;
+    n_tiles = tiles.count();
+  } else {
+    n_tiles = KeyMask{is_causal(p), Lk, causal_shift}.key_tiles<Tr::kBlockM, Tr::kBlockN>(m0);
+  }
+  const std::int64_t first_key = static_cast<std::int64_t>(n_first) * Tr::kBlockN;
 
   // Prologue: groups {Q, K0} and {V0}. Rows past the sequence's lengths load as zeros (packed:
   // they belong to the next sequence) and keys past Lk are masked below.
   load_tile<Tr, Tr::kBlockM>(smem_addr(sQ), q, p.q_stride.l, Lq - m0, p.D, tid);
-  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sK), k, p.k_stride.l, Lk, p.D, tid);
+  if (n_tiles > 0) {
+    load_tile<Tr, Tr::kBlockN>(smem_addr(sK), k + first_key * p.k_stride.l, p.k_stride.l,
+                               Lk - first_key, p.D, tid);
+  }
   cp_async_commit();
-  if (n_tiles > 0) load_tile<Tr, Tr::kBlockN>(smem_addr(sV), v, p.v_stride.l, Lk, p.Dv, tid);
+  if (n_tiles > 0) {
+    load_tile<Tr, Tr::kBlockN>(smem_addr(sV), v + first_key * p.v_stride.l, p.v_stride.l,
+                               Lk - first_key, p.Dv, tid);
+  }
   cp_async_commit();
 
   // Scores are kept as x = q·k (fast path) or x = scale·q·k + bias (premul) and exponentiated as
   // exp2(x·f - m·f): f folds the scale and log2(e). premul also covers scale <= 0, where the
-  // maximum of q·k is not the maximum of the scores.
-  constexpr bool has_bias = kBias;
-  const bool premul = has_bias || !(p.scale > 0.0f);
+  // maximum of q·k is not the maximum of the scores, and ALiBi, whose penalty is in natural
+  // units. A softcap keeps the units (ScoreMods).
+  const bool alibi = kMods && (p.mods.flags & ScoreMods::kAlibi) != 0;
+  const bool premul = has_bias || !(p.scale > 0.0f) || alibi;
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
 
@@ -160,6 +198,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const KeepThreshold thr(p.keep_threshold);  // used with dropout (threshold < 256)
 
   const int warp_row0 = warp * Tr::kRowsPerWarp;  // first row of this warp in the block
+  const float slope = alibi ? alibi_slope(p.mods, b, h) : 0.0f;
 
   float o[kMT][kDT][4];
   float row_m[kMT][2], row_l[kMT][2];
@@ -203,7 +242,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
   for (int it = 0; it < n_tiles; ++it) {
     const int buf = it & 1;
-    const std::int64_t n0 = static_cast<std::int64_t>(it) * Tr::kBlockN;
+    const std::int64_t n0 = static_cast<std::int64_t>(n_first + it) * Tr::kBlockN;
 
     cp_async_wait<1>();  // K[it] has landed (V[it] may still be in flight)
     __syncthreads();     // ... for every thread; and everyone is done with buffers buf ^ 1
@@ -246,8 +285,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       }
     }
 
-    // Bias, then the mask (past Lk, causal) on the tiles that need it.
-    if constexpr (has_bias) {
+    // The cap takes q·k alone (Gemma-2), in its own units (ScoreMods); then the bias, ALiBi, and
+    // the mask (past Lk, causal, the window) on the tiles that need it.
+    if constexpr (kMods) {
+      if (p.mods.flags & ScoreMods::kSoftcap) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) softcap_scores(s[mt], p.mods);
+      }
+    }
+    if (has_bias) {
       const std::int64_t bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -262,12 +308,28 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[mt][n][r] *= p.scale;
     }
-    const bool need_mask =
-        n0 + Tr::kBlockN > Lk || (is_causal(p) && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
-    if (need_mask) {
+    if constexpr (kMods) {
+      if (alibi) {  // premul: natural units
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        mask_scores(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, Lk, is_causal(p), causal_shift);
+        for (int mt = 0; mt < kMT; ++mt) {
+          add_alibi(s[mt], slope, m0 + warp_row0 + mt * 16 + g + causal_shift - n0 - 2 * t);
+        }
+      }
+      const KeyMask mask{is_causal(p), Lk, causal_shift, p.mods.left_reach, p.mods.right_reach};
+      if (mask.tile_needs_mask<Tr::kBlockM, Tr::kBlockN>(m0, n0)) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mask_scores_window(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, mask);
+        }
+      }
+    } else {
+      const bool need_mask =
+          n0 + Tr::kBlockN > Lk || (is_causal(p) && n0 + Tr::kBlockN - 1 > m0 + causal_shift);
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mask_scores(s[mt], m0 + warp_row0 + mt * 16 + g, n0, t, Lk, is_causal(p), causal_shift);
+        }
       }
     }
 
@@ -290,11 +352,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         // The row sums above used the undropped P; kept values get keep_scale at the end.
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          // Global coordinates (params.h): the map's row q_start + i and key block k_block64 + it.
+          // Global coordinates (params.h): the map's row q_start + i and key block k_block64 +
+          // n_first + it (this tile's).
           const std::uint32_t row =
               p.q_start + static_cast<std::uint32_t>(m0 + warp_row0 + mt * 16 + g + 8 * hh);
           const detail::Philox4 r =
-              detail::dropout_call(key, static_cast<std::uint64_t>(bh), row, p.k_block64 + it,
+              detail::dropout_call(key, static_cast<std::uint64_t>(bh), row,
+                                   p.k_block64 + static_cast<std::uint32_t>(n_first + it),
                                    static_cast<std::uint32_t>(t));
           drop_packed(pk[mt], 0, hh, r, thr);
         }

@@ -1,6 +1,7 @@
 // The sm80 family's host interface (family.h): the reasons its kernels cannot run params (the
-// checks shared with sm90 in common/reasons.h, then its own device and grid bounds), the
-// backward's workspace size, and the pick of the dtype x head-dim instantiation.
+// checks shared with sm90 in common/reasons.h, the softcap's range among them, then its own
+// device and grid bounds), the backward's workspace size, and the pick of the dtype x head-dim
+// instantiation.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -38,6 +39,7 @@ std::vector<std::string> Family::forward_reasons(const ForwardParams& p, const D
   std::vector<std::string> reasons;
   add_device_reasons(reasons, dev);
   add_common_reasons(reasons, p, ForwardHeadDims::largest);
+  add_score_modifier_reasons(reasons, p);
   if (packed_layout(p)) {  // grid: (query tiles of all sequences, Hq)
     if (p.Hq > kMaxGridY) {
       reasons.push_back("Hq = " + std::to_string(p.Hq) +
@@ -75,6 +77,7 @@ std::vector<std::string> Family::backward_reasons(const BackwardParams& p, const
   std::vector<std::string> reasons;
   add_device_reasons(reasons, dev);
   add_common_reasons(reasons, p, BackwardHeadDims::largest, "", 2);  // dq, dk, dv: 4-byte pairs
+  add_score_modifier_reasons(reasons, p);
   if (packed_layout(p)) {  // grid: (key tiles of all sequences, or the sequences; Hkv)
     if (p.Hkv > kMaxGridY) {
       reasons.push_back("Hkv = " + std::to_string(p.Hkv) +

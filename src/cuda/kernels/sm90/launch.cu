@@ -4,7 +4,6 @@
 // of the packed tensors, with the tile scheduler's grid bound), and the pick of the dtype x
 // head-dim instantiation.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,17 +37,6 @@ void add_device_reasons(std::vector<std::string>& reasons, const DeviceCaps& dev
   if (dev.major != 9 || dev.minor != 0) {
     reasons.push_back("needs compute capability 9.0 (sm_90a: wgmma, TMA, setmaxnreg); device has " +
                       std::to_string(dev.major) + "." + std::to_string(dev.minor));
-  }
-}
-
-// The softcap's factors scale / softcap and softcap / scale (ScoreMods) must be normal fp32
-// numbers: the kernels multiply by them with denormals flushed.
-void add_score_modifier_reasons(std::vector<std::string>& reasons, const ForwardParams& p) {
-  if (!(p.mods.flags & ScoreMods::kSoftcap)) return;
-  auto normal = [](float x) { return std::fpclassify(x) == FP_NORMAL; };
-  if (!normal(p.mods.softcap_in) || !normal(p.mods.softcap_out) || !normal(p.mods.softcap_exp2)) {
-    reasons.push_back("softcap / scale = " + std::to_string(p.mods.softcap_out) +
-                      " is outside fp32's normal range (the kernels keep scores in units of q·k)");
   }
 }
 
