@@ -350,9 +350,10 @@ def scaled_dot_product_attention(
         -slope·|i + shift - j| (ALiBi). No gradient (a warning says so when they require one).
       softcap: > 0 maps each scaled score s = scale·q·k to softcap·tanh(s / softcap) before the
         mask, ALiBi and masking (Gemma-2); 0 (default) is off.
-      These three are docs/window.md: the CPU and cuda_sm90 (Hopper; its backward up to head
-      dim 128) run them, forward and backward; the other CUDA kernels refuse them (the error
-      lists each backend's reason).
+      These three are docs/window.md: the CPU, the fused CUDA kernels (cuda on compute
+      capability 8.0 and newer, head dims up to 256; cuda_sm90 on Hopper) and cuda_math (any
+      GPU, fp32 too, materializing the scores) run them, forward and backward; the decode
+      kernel (cuda_splitkv) refuses them (an error lists each backend's reason).
 
     out has query's memory layout (see the module's docstring).
 
