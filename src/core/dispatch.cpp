@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/decision_cache.h"
+#include "core/visible_keys.h"
 #include "memeff/error.h"
 
 namespace memeff {
@@ -107,16 +108,33 @@ constexpr std::int64_t kSplitKvMaxFusedCtas = 4096;  // above, the fused grid fi
 // 0.104 ms fused and 0.111 ms split (docs/benchmarks.md), so one query head per kv head takes the
 // split path only while the fused grid is under one wave of an H100's 132 SMs.
 constexpr std::int64_t kSplitKvMhaMaxFusedCtas = 128;
+// The keys the heuristic counts: Lk, or with a sliding window those some query of the call sees
+// (the first query's left edge to the last one's right edge): both the fused and the split-KV
+// forward visit only those, so a short window over a long cache is a short call.
+std::int64_t split_kv_keys(const Problem& p) {
+  if (!p.has_window()) return p.Lk;
+  const bool causal = p.causal != CausalMode::none;
+  const KeySpan first =
+      visible_key_span(0, p.Lk, causal, p.position_shift(), p.window_left, p.window_right);
+  const KeySpan last =
+      visible_key_span(p.Lq - 1, p.Lk, causal, p.position_shift(), p.window_left, p.window_right);
+  return std::max<std::int64_t>(0, last.end - first.begin);
+}
 bool prefers_split_kv(const Problem& p, std::string& why) {
   if (p.packed || p.Hkv <= 0 || p.Lq <= 0) return false;
   const std::int64_t rows = p.Lq * p.group_size();
   const std::int64_t fused_ctas = p.B * p.Hq * ((p.Lq + 127) / 128);
-  if (rows > kSplitKvMaxRows || p.Lk < kSplitKvMinKeys || fused_ctas > kSplitKvMaxFusedCtas ||
+  const std::int64_t keys = split_kv_keys(p);
+  if (rows > kSplitKvMaxRows || keys < kSplitKvMinKeys || fused_ctas > kSplitKvMaxFusedCtas ||
       (p.group_size() == 1 && fused_ctas > kSplitKvMhaMaxFusedCtas)) {
     return false;
   }
+  const std::string over =
+      p.has_window() ? std::to_string(keys) +
+                           " keys the window leaves visible (Lk = " + std::to_string(p.Lk) + ")"
+                     : "Lk = " + std::to_string(p.Lk);
   why = "few queries per kv head (Lq·Hq/Hkv = " + std::to_string(rows) +
-        " <= " + std::to_string(kSplitKvMaxRows) + " rows over Lk = " + std::to_string(p.Lk) +
+        " <= " + std::to_string(kSplitKvMaxRows) + " rows over " + over +
         " >= " + std::to_string(kSplitKvMinKeys) + " keys; the fused forwards would launch " +
         std::to_string(fused_ctas) + " CTAs of 128 rows): the split-KV forward first, then ";
   return true;

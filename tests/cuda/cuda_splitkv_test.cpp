@@ -3,8 +3,9 @@
 // reference on decode shapes: Lq 1, 2, 7, 16 over Lk 1, 63, 64, 65, 1000, 8192, GQA 1:1, 4:1,
 // 8:1, causal none / top-left / bottom-right, dropout with the documented mask (checked element
 // by element through the output), key-padding and general biases, bf16 and fp16, head dims 64
-// and 128; rows without keys; the dispatcher taking it by default for such shapes and saying
-// why; a caller's workspace; and the fused backward run on its out and lse.
+// and 128; rows without keys; sliding windows, ALiBi (per head, per batch and head) and softcaps
+// (docs/window.md); the dispatcher taking it by default for such shapes and saying why; a
+// caller's workspace; and the fused backward run on its out and lse.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -221,6 +222,208 @@ TEST_F(CudaSplitKv, DropoutMaskIsTheDocumentedOneElementByElement) {
       }
     }
   }
+}
+
+// The rows the reference leaves without a key (lse -inf) must give out = 0 and lse = -inf
+// exactly (every split of such a row is empty); returns how many there are.
+std::int64_t expect_empty_rows_exact(const KernelCase& c, const test::ForwardResult& r) {
+  std::int64_t empty = 0;
+  for (std::int64_t row = 0; row < c.B * c.Hq * c.Lq; ++row) {
+    if (r.ref.lse.get(row) != -std::numeric_limits<double>::infinity()) continue;
+    ++empty;
+    EXPECT_EQ(r.lse.get(row), -std::numeric_limits<double>::infinity()) << "row " << row;
+    for (std::int64_t e = 0; e < c.dv(); ++e) {
+      EXPECT_EQ(r.out.get(row * c.dv() + e), 0.0) << "row " << row << " column " << e;
+    }
+  }
+  return empty;
+}
+
+// Sliding windows on decode shapes (docs/window.md): with bottom-right alignment (W - 1, 0) is a
+// decode step's last W keys; windows that cut the cache inside and across 64-key blocks and
+// splits, bounded on one or both sides, wider than Lk, of width zero; each alignment, the GQA
+// groups, dropout, both dtypes and head dims in turn, with one to several row blocks.
+TEST_F(CudaSplitKv, WindowsOnDecodeShapesMatchTheReference) {
+  const Window windows[] = {{255, 0},   {1000, 0},      {63, 64}, {-1, 5},
+                            {300, 300}, {20000, 20000}, {0, 0}};
+  const std::int64_t lqs[] = {1, 7, 16};
+  const std::int64_t lks[] = {1000, 8192};
+  const std::int64_t groups[] = {1, 4, 8};
+  std::uint64_t n = 0;
+  for (const Window& w : windows) {
+    for (std::int64_t Lq : lqs) {
+      for (std::int64_t Lk : lks) {
+        for (CausalMode causal : {kNone, kTopLeft, kBottomRight}) {
+          KernelCase c{.B = 2, .Hkv = 2, .Lq = Lq, .Lk = Lk, .causal = causal};
+          c.Hq = c.Hkv * groups[(n + n / 3) % 3];
+          c.window = w;
+          c.dropout = n % 2 ? 0.17 : 0.0;
+          c.dtype = (n / 2) % 2 ? DType::f16 : DType::bf16;
+          c.D = (n / 5) % 2 ? 128 : 64;
+          c.seed = 900 + n;
+          c.offset = n * 64;
+          check_case(c, 1300 + n);
+          ++n;
+        }
+      }
+    }
+  }
+}
+
+// Rows whose window holds no key, in every split: the diagonal before the first key (Lq > Lk
+// without a causal mask puts it at i - (Lq - Lk)), or past the last (top-left with a window
+// right of the diagonal only); they give out 0 and lse -inf exactly, their neighbours the
+// reference's.
+TEST_F(CudaSplitKv, WindowsLeavingRowsWithoutKeys) {
+  struct Shape {
+    std::int64_t Lq, Lk;
+    CausalMode causal;
+    Window window;
+  };
+  const Shape shapes[] = {{16, 9, kNone, {0, 0}},          // rows 0..6 see nothing
+                          {16, 12, kBottomRight, {1, 0}},  // rows 0..3 see nothing
+                          {16, 70, kNone, {2, 0}},         // shift 54: every row sees keys
+                          {9, 600, kTopLeft, {3, 0}},      // rows see keys i - 3 .. i
+                          {16, 5, kNone, {-1, 0}}};        // rows 0..10 see nothing
+  std::uint64_t n = 0;
+  for (const Shape& sh : shapes) {
+    for (double p : {0.0, 0.17}) {
+      KernelCase c{.B = 2,
+                   .Hq = 8,
+                   .Hkv = 2,
+                   .Lq = sh.Lq,
+                   .Lk = sh.Lk,
+                   .causal = sh.causal,
+                   .dropout = p,
+                   .backend = kSplit};
+      c.window = sh.window;
+      c.dtype = n % 2 ? DType::f16 : DType::bf16;
+      c.D = n % 3 ? 64 : 128;
+      SCOPED_TRACE(c.describe());
+      const test::ForwardResult r = test::run_forward_case(c, 70 + n);
+      test::expect_forward_matches(c, r);
+      const std::int64_t empty = expect_empty_rows_exact(c, r);
+      const std::int64_t expected = sh.Lq > sh.Lk ? (sh.Lq - sh.Lk) * c.B * c.Hq : 0;
+      if (sh.window.left == 0 || sh.window.left == -1) {
+        EXPECT_EQ(empty, expected);
+      } else {
+        EXPECT_EQ(empty, sh.causal == kBottomRight ? 4 * c.B * c.Hq : 0);
+      }
+      ++n;
+    }
+  }
+}
+
+// ALiBi slopes per head ([Hq]) and per batch entry and head ([B, Hq]): a CTA's rows are the
+// queries of several heads of a GQA group, each with its own slope; with and without a window,
+// each alignment, with dropout and with a bias.
+TEST_F(CudaSplitKv, AlibiPerHeadAndPerBatchWithGqa) {
+  std::uint64_t n = 0;
+  for (const char* alibi : {"h", "bh"}) {
+    for (std::int64_t group : {1, 4, 8}) {
+      for (CausalMode causal : {kNone, kTopLeft, kBottomRight}) {
+        KernelCase c{.B = 2,
+                     .Hq = 2 * group,
+                     .Hkv = 2,
+                     .Lq = n % 2 ? 3 : 1,
+                     .Lk = n % 3 ? 3000 : 700,
+                     .causal = causal};
+        c.alibi = alibi;
+        if (n % 2) c.window = Window{400, causal == kNone ? 20 : -1};
+        c.dropout = (n / 2) % 2 ? 0.17 : 0.0;
+        c.dtype = (n / 3) % 2 ? DType::f16 : DType::bf16;
+        c.D = (n / 4) % 2 ? 128 : 64;
+        if (n % 5 == 0) c.bias = "b11k";
+        c.seed = 40 + n;
+        check_case(c, 2000 + n);
+        ++n;
+      }
+    }
+  }
+}
+
+// The softcap on q·k before the scale and the bias (Gemma-2): caps that bend most scores (the
+// scale 1 leaves q·k's spread of a few units) and one that bends few, alone, with each bias read
+// and a window, with and without dropout, both dtypes and head dims.
+TEST_F(CudaSplitKv, SoftcapAloneWithABiasAndAWindow) {
+  std::uint64_t n = 0;
+  for (double cap : {0.7, 3.0, 30.0}) {
+    for (const char* bias : {"none", "b11k", "bhqk"}) {
+      KernelCase c{.B = 2, .Hq = 8, .Hkv = 2, .Lq = 2, .Lk = 2500, .causal = kBottomRight};
+      c.scale = 1.0;
+      c.softcap = cap;
+      c.bias = bias;
+      c.bias_dtype = n % 2 ? DType::f32 : DType::bf16;
+      if (n % 3 == 1) c.window = Window{511, 0};
+      c.dropout = n % 2 ? 0.17 : 0.0;
+      c.dtype = (n / 2) % 2 ? DType::f16 : DType::bf16;
+      if (c.bias_dtype != DType::f32) c.bias_dtype = c.dtype;
+      c.D = (n / 3) % 2 ? 128 : 64;
+      c.seed = 60 + n;
+      check_case(c, 3000 + n);
+      ++n;
+    }
+  }
+}
+
+// Everything at once on every instantiation: a window, ALiBi per batch and head, the cap, a bias
+// and dropout, GQA 8 with 16 queries (8 row blocks per kv head, each seeing its own key range),
+// bottom-right and unaligned windows, over keys cut in many splits (top-left at global positions:
+// cuda_global_coordinates_test.cpp, which runs cuda_splitkv too).
+TEST_F(CudaSplitKv, EverythingTogetherOnEveryInstantiation) {
+  std::uint64_t n = 0;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (std::int64_t D : {64, 128}) {
+      for (CausalMode causal : {kNone, kBottomRight}) {
+        KernelCase c{.B = 2, .Hq = 16, .Hkv = 2, .Lq = 16, .Lk = 5000, .D = D, .causal = causal};
+        c.bias = "1hqk";
+        c.bias_dtype = c.dtype = dtype;
+        c.dropout = 0.17;
+        c.window = causal == kNone ? Window{700, 300} : Window{700, 0};
+        c.alibi = "bh";
+        c.softcap = 20.0;
+        c.seed = 80 + n;
+        check_case(c, 4000 + n);
+        ++n;
+      }
+    }
+  }
+}
+
+// One decode step on the device, bf16: 2 x 8 query heads on 2 kv heads, one query of head dim
+// 128 over Lk keys, inputs uniform in [-1, 1).
+struct DecodeStep {
+  DeviceTensor q, k, v, out, lse;
+  static HostTensor random(DType dtype, std::vector<std::int64_t> shape, std::mt19937_64& rng) {
+    HostTensor t(dtype, std::move(shape));
+    test::fill_uniform(t, rng, -1.0, 1.0);
+    return t;
+  }
+  DecodeStep(std::int64_t Lk, std::mt19937_64 rng)
+      : q(random(DType::bf16, {2, 8, 1, 128}, rng)),
+        k(random(DType::bf16, {2, 2, Lk, 128}, rng)),
+        v(random(DType::bf16, {2, 2, Lk, 128}, rng)),
+        out(HostTensor(DType::bf16, {2, 8, 1, 128})),
+        lse(HostTensor(DType::f32, {2, 8, 1})) {}
+};
+
+// The dispatcher counts the keys a window leaves visible: a decode step whose window holds 1024
+// keys of 8192 takes the split-KV forward by default and says so; one whose window holds 128
+// keys takes the fused kernels (which visit only those keys too).
+TEST_F(CudaSplitKv, DispatcherCountsTheKeysAWindowLeavesVisible) {
+  const DecodeStep step(8192, std::mt19937_64(5));
+  AttentionArgs args = test::attention_args(step.q, step.k, step.v);
+  args.causal = kBottomRight;
+  args.window = Window{1023, 0};
+  args.softcap = 30.0;
+  const Explanation ex = explain(args, Pass::forward);
+  EXPECT_EQ(ex.chosen, kSplit);
+  EXPECT_NE(ex.reason.find("1024 keys the window leaves visible (Lk = 8192)"), std::string::npos)
+      << ex.reason;
+  EXPECT_EQ(forward(args, step.out.view, step.lse.view).backend, kSplit);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  args.window = Window{127, 0};
+  EXPECT_NE(explain(args, Pass::forward).chosen, kSplit);
 }
 
 AttentionArgs decode_args(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v) {

@@ -257,8 +257,8 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheHopperThenTheFusedKernelsFirstOnEverySh
 }
 
 // Decode-like forwards (few query rows per kv head: Lq·Hq/Hkv <= 64, over Lk >= 512 keys, with a
-// fused grid that does not fill the GPU by itself, under one wave without GQA) put the split-KV
-// forward first and say why;
+// fused grid that does not fill the GPU by itself, under one wave without GQA; with a window, the
+// keys it leaves visible count) put the split-KV forward first and say why;
 // their backward keeps the fused order (the split path is forward only), and packed calls,
 // short key ranges and wide query groups keep the fused kernels first.
 TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHead) {
@@ -275,6 +275,13 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHe
   EXPECT_TRUE(contains(h.why, "Lk = 8192")) << h.why;
   EXPECT_TRUE(contains(h.why, "256 CTAs")) << h.why;
   EXPECT_EQ(detail::default_order(decode, Pass::backward).order.at(0), "cuda_sm90");
+  // With a window it counts the keys some query sees, and says so.
+  Problem windowed = decode;
+  windowed.causal = CausalMode::bottom_right;
+  windowed.window_left = 1023;
+  const detail::HeuristicOrder hw = detail::default_order(windowed, Pass::forward);
+  EXPECT_EQ(hw.order.at(0), "cuda_splitkv");
+  EXPECT_TRUE(contains(hw.why, "1024 keys the window leaves visible (Lk = 8192) >= 512")) << hw.why;
   EXPECT_TRUE(contains(detail::default_order(decode, Pass::backward).why, "forward only"));
 
   const std::vector<std::pair<const char*, std::function<void(Problem&)>>> taken = {
@@ -284,6 +291,11 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHe
       {"no GQA, 32 heads", [](Problem& p) { p.B = 1, p.Hq = p.Hkv = 32, p.Lk = 32768; }},
       {"chunked prefill", [](Problem& p) { p.Lq = 4, p.causal = CausalMode::bottom_right; }},
       {"dropout", [](Problem& p) { p.dropout = dropout_threshold(0.1); }},
+      {"a window of the last 512 keys",
+       [](Problem& p) { p.causal = CausalMode::bottom_right, p.window_left = 511; }},
+      {"a window wider than the keys",
+       [](Problem& p) { p.window_left = p.window_right = 1 << 20; }},
+      {"ALiBi and a softcap", [](Problem& p) { p.has_alibi = true, p.softcap = 30.0; }},
   };
   for (const auto& [what, vary] : taken) {
     Problem p = decode;
@@ -296,6 +308,9 @@ TEST_F(DispatchTest, CudaHeuristicPutsTheSplitKvForwardFirstForFewQueriesPerKvHe
       {"packed", [](Problem& p) { p.packed = true; }},
       {"a fused grid of 8192 CTAs", [](Problem& p) { p.B = 256; }},
       {"no GQA, 256 heads", [](Problem& p) { p.B = 16, p.Hq = p.Hkv = 16, p.D = p.Dv = 64; }},
+      {"a window of the last 511 keys",
+       [](Problem& p) { p.causal = CausalMode::bottom_right, p.window_left = 510; }},
+      {"a window of 101 keys", [](Problem& p) { p.window_left = 50, p.window_right = 50; }},
   };
   for (const auto& [what, vary] : not_taken) {
     Problem p = decode;

@@ -420,20 +420,21 @@ TEST(WindowValidation, BadValuesNameTheirArgument) {
   EXPECT_EQ(forward_error(a), "");
 }
 
-// Backends without the features refuse them by name, one reason each; the CUDA backends (built
-// here or not) say so in the dispatcher's explanation, but cuda, cuda_sm90 and cuda_math, which
-// take all three (docs/window.md) and name none of them.
+// A backend without the features (a plug-in: every built-in CUDA backend has them now) refuses
+// them by name, one reason each; the CUDA backends (built here or not) take all three
+// (docs/window.md), cuda_splitkv's forward included, and name none of them in the dispatcher's
+// explanation.
 TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
   Problem p;
-  EXPECT_TRUE(score_modifier_reasons(p, "cuda_splitkv").empty());
+  EXPECT_TRUE(score_modifier_reasons(p, "plugin_attention").empty());
   p.window_left = 4;
   p.has_alibi = true;
   p.softcap = 30.0;
-  const std::vector<std::string> r = score_modifier_reasons(p, "cuda_splitkv");
+  const std::vector<std::string> r = score_modifier_reasons(p, "plugin_attention");
   ASSERT_EQ(r.size(), 3u);
-  EXPECT_TRUE(contains(r[0], "window: not in the cuda_splitkv kernels yet"));
-  EXPECT_TRUE(contains(r[1], "alibi_slopes: not in the cuda_splitkv kernels yet"));
-  EXPECT_TRUE(contains(r[2], "softcap: not in the cuda_splitkv kernels yet"));
+  EXPECT_TRUE(contains(r[0], "window: not in the plugin_attention kernels yet"));
+  EXPECT_TRUE(contains(r[1], "alibi_slopes: not in the plugin_attention kernels yet"));
+  EXPECT_TRUE(contains(r[2], "softcap: not in the plugin_attention kernels yet"));
 
   const std::vector<std::string> registered = backend_names();
   Config c = windowed(16, 16, CausalMode::top_left, Window{8, 0});
@@ -454,18 +455,47 @@ TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
         if (report.name != name) continue;
         for (const std::string& reason : report.reasons) all += reason + "\n";
       }
-      if (name == "cuda_sm90" || name == "cuda" || name == "cuda_math") {
-        EXPECT_FALSE(contains(all, "window")) << all;
-        EXPECT_FALSE(contains(all, "softcap")) << all;
-        continue;
-      }
-      if (name == "cuda_splitkv" && pass == Pass::backward) continue;  // forward only
-      EXPECT_TRUE(contains(all, "window: not in the " + name + " kernels yet")) << all;
-      EXPECT_TRUE(contains(all, "softcap: not in the " + name + " kernels yet")) << all;
-      EXPECT_FALSE(contains(all, "alibi_slopes")) << all;
+      EXPECT_FALSE(contains(all, "window")) << name << ": " << all;
+      EXPECT_FALSE(contains(all, "alibi")) << name << ": " << all;
+      EXPECT_FALSE(contains(all, "softcap")) << name << ": " << all;
+      EXPECT_FALSE(contains(all, "kernels yet")) << name << ": " << all;
     }
   }
   if (seen == 0) GTEST_SKIP() << "built without the CUDA backends";
+}
+
+// A bf16 problem on CUDA tensors, B = 2, Hq = 4 on Hkv = 2, bottom-right, with the window and
+// ALiBi slopes per batch entry and head.
+Problem bf16_cuda_problem_with_modifiers(std::int64_t Lq, std::int64_t Lk, std::int64_t D,
+                                         Window window) {
+  Problem p;
+  p.device = Device::cuda(0);
+  p.dtype = DType::bf16;
+  p.B = 2, p.Hq = 4, p.Hkv = 2, p.Lq = Lq, p.Lk = Lk, p.D = p.Dv = D;
+  p.causal = CausalMode::bottom_right;
+  p.window_left = window.left;
+  p.window_right = window.right;
+  p.has_alibi = true;
+  p.alibi_per_batch = true;
+  return p;
+}
+
+// cuda_splitkv's forward takes the window, ALiBi (per batch entry and head) and a softcap: none
+// of them is among its reasons (on a machine without a GPU, the device's alone; the kernel's own
+// reasons, the softcap's range among them, are in tests/cuda/splitkv_plan_test.cpp).
+TEST(WindowBackends, SplitKvTakesThem) {
+  const std::shared_ptr<Backend> split = find_backend("cuda_splitkv");
+  if (!split) GTEST_SKIP() << "built without the CUDA backends";
+  Problem p = bf16_cuda_problem_with_modifiers(1, 4096, 128, {1023, 0});
+  p.Hq = 8;
+  for (double cap : {0.0, 30.0}) {
+    p.softcap = cap;
+    std::string all;
+    for (const std::string& r : split->reasons_unsupported(p, Pass::forward)) all += r + "\n";
+    EXPECT_FALSE(contains(all, "window")) << all;
+    EXPECT_FALSE(contains(all, "alibi")) << all;
+    EXPECT_FALSE(contains(all, "softcap")) << cap << ": " << all;
+  }
 }
 
 // cuda_math takes the window, ALiBi (per head or per batch entry) and any softcap fp32 holds as a
@@ -474,15 +504,7 @@ TEST(WindowBackends, KernelsWithoutTheFeaturesSayWhich) {
 TEST(WindowBackends, CudaMathTakesThemAndNamesASoftcapOutsideFp32) {
   const std::shared_ptr<Backend> math = find_backend("cuda_math");
   if (!math) GTEST_SKIP() << "built without the CUDA backends";
-  Problem p;
-  p.device = Device::cuda(0);
-  p.dtype = DType::bf16;
-  p.B = 2, p.Hq = 4, p.Hkv = 2, p.Lq = 40, p.Lk = 70, p.D = p.Dv = 64;
-  p.causal = CausalMode::bottom_right;
-  p.window_left = 5;
-  p.window_right = 3;
-  p.has_alibi = true;
-  p.alibi_per_batch = true;
+  Problem p = bf16_cuda_problem_with_modifiers(40, 70, 64, {5, 3});
   auto reasons_text = [&](Pass pass) {
     std::string all;
     for (const std::string& r : math->reasons_unsupported(p, pass)) all += r + "\n";

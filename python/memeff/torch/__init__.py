@@ -353,7 +353,7 @@ def scaled_dot_product_attention(
       These three are docs/window.md: the CPU, the fused CUDA kernels (cuda on compute
       capability 8.0 and newer, head dims up to 256; cuda_sm90 on Hopper) and cuda_math (any
       GPU, fp32 too, materializing the scores) run them, forward and backward; the decode
-      kernel (cuda_splitkv) refuses them (an error lists each backend's reason).
+      kernel (cuda_splitkv) runs them in its forward.
 
     out has query's memory layout (see the module's docstring).
 

@@ -39,8 +39,8 @@ std::vector<std::string> fused_problem_reasons(const Problem& pb, const char* ba
     reasons.push_back(std::string("bias dtype ") + dtype_name(pb.bias_dtype) +
                       ": must be fp32 or the dtype of q");
   }
-  // Window, ALiBi and softcap (issue 26): the sm90 and sm80 kernels run them (kScoreModifiers);
-  // the split-KV forward refuses them here rather than ignore them.
+  // Window, ALiBi and softcap (issue 26): the sm90 and sm80 kernels (kScoreModifiers) and the
+  // split-KV forward run them; a backend without them refuses them here rather than ignore them.
   if (!score_modifiers) {
     const std::vector<std::string> modifiers = score_modifier_reasons(pb, backend);
     reasons.insert(reasons.end(), modifiers.begin(), modifiers.end());

@@ -1,8 +1,9 @@
 // The "cuda_splitkv" backend: the split-KV forward (kernels/sm80/splitkv.h) for calls with few
 // queries per kv head (decode, chunked prefill), where the fused kernels fill a few rows of their
 // 128-row tiles and launch too few CTAs. Forward only: its out and lse are the fused forward's, so
-// the backward of cuda_sm90 or cuda runs after it. The dispatcher puts it first for such shapes
-// (core/dispatch.cpp); Options::backends or MEMEFF_BACKENDS force or avoid it.
+// the backward of cuda_sm90 or cuda runs after it. Windows, ALiBi and softcaps run in the kernel's
+// modifiers' instantiations. The dispatcher puts it first for such shapes (core/dispatch.cpp);
+// Options::backends or MEMEFF_BACKENDS force or avoid it.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -35,7 +36,7 @@ class SplitKvBackend final : public CudaBackendBase {
     cuda::DeviceCaps caps;
     bool usable = false;
     std::vector<std::string> reasons =
-        fused_problem_reasons(pb, SplitKv::kBackend, /*score_modifiers=*/false, caps, usable);
+        fused_problem_reasons(pb, SplitKv::kBackend, /*score_modifiers=*/true, caps, usable);
     if (!usable) return reasons;
     const std::vector<std::string> own = SplitKv::forward_reasons(cuda::forward_params(pb), caps);
     reasons.insert(reasons.end(), own.begin(), own.end());

@@ -26,11 +26,11 @@ enum class Causal : int {
 // accumulator, then a conversion).
 enum class DbiasMode : int { none, direct, reduced };
 
-// Sliding window, ALiBi and softcapping (docs/window.md): what the fused sm90 and sm80 kernels read
-// of them (the split-KV forward refuses calls that set any, so it never sees flags). Query i's
-// diagonal is key i + causal_shift (ForwardParams; per sequence when packed). `flags` says which
-// are on, so a kernel tests one word per tile (or picks its modifiers' instantiation by it) and a
-// call without any runs the code it ran before them.
+// Sliding window, ALiBi and softcapping (docs/window.md): what the fused sm90 and sm80 kernels and
+// the split-KV forward read of them. Query i's diagonal is key i + causal_shift (ForwardParams;
+// per sequence when packed). `flags` says which are on, so a kernel tests one word per tile (or
+// picks its modifiers' instantiation by it) and a call without any runs the code it ran before
+// them.
 struct ScoreMods {
   static constexpr int kSoftcap = 1, kAlibi = 2, kWindow = 4;
   // A window side that bounds nothing (Problem::kWindowCap: beyond every distance of a call).

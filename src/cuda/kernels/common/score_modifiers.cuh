@@ -2,7 +2,8 @@
 // the sliding window's element mask, ALiBi's distance penalty and the softcap, each applied in
 // place to the m16n8 C layout of common/softmax.cuh (a thread's rows row0 and row0 + 8, its keys
 // n0 + 8n + 2t + {0, 1}), and the tanh the cap takes, to the absolute accuracy a score needs.
-// The backwards apply the same rules to their Sᵀ fragments with these scalar helpers.
+// The backwards apply the same rules to their Sᵀ fragments with these scalar helpers; the split-KV
+// forward, whose rows are of several heads, row by row (add_alibi_row, mask_row_span).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,22 +60,41 @@ __device__ __forceinline__ float alibi_slope(const ScoreMods& m, int b, int h) {
   return __ldg(m.alibi_slopes + b * m.alibi_stride_b + h * m.alibi_stride_h);
 }
 
-// s -= slope·|i + shift - j| on scores in natural units (scale applied): `diagonal` is
-// row0 + shift - n0 - 2t, the signed distance of the thread's first row and first key. Distances
-// are fp32, exact below 2^24 keys.
+// s -= slope·|i + shift - j| on one row (half hh) of scores in natural units (scale applied):
+// `diagonal` is i + shift - n0 - 2t, the signed distance of the row and the thread's first key.
+// Distances are fp32, exact below 2^24 keys.
+template <int kNT>
+__device__ __forceinline__ void add_alibi_row(float (&s)[kNT][4], int hh, float slope,
+                                              std::int64_t diagonal) {
+  const float d0 = static_cast<float>(diagonal);
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[n][2 * hh + e] = fmaf(-slope, fabsf(d0 - static_cast<float>(8 * n + e)), s[n][2 * hh + e]);
+    }
+}
+
+// add_alibi_row on rows row0 and row0 + 8 of one head: `diagonal` is row0 + shift - n0 - 2t.
 template <int kNT>
 __device__ __forceinline__ void add_alibi(float (&s)[kNT][4], float slope, std::int64_t diagonal) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float d0 = static_cast<float>(diagonal + 8 * hh);
+  for (int hh = 0; hh < 2; ++hh) add_alibi_row(s, hh, slope, diagonal + 8 * hh);
+}
+
+// One row (half hh) of a fragment whose columns start at key n0: keys outside [begin, end) become
+// -inf (all of them when end <= begin).
+template <int kNT>
+__device__ __forceinline__ void mask_row_span(float (&s)[kNT][4], int hh, std::int64_t begin,
+                                              std::int64_t end, std::int64_t n0, int t) {
+  const int first = fragment_column<kNT>(begin, n0, t);
+  const int limit = fragment_column<kNT>(end, n0, t);
 #pragma unroll
-    for (int n = 0; n < kNT; ++n)
+  for (int n = 0; n < kNT; ++n)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        s[n][2 * hh + e] =
-            fmaf(-slope, fabsf(d0 - static_cast<float>(8 * n + e)), s[n][2 * hh + e]);
-      }
-  }
+    for (int e = 0; e < 2; ++e) {
+      if (8 * n + e < first || 8 * n + e >= limit) s[n][2 * hh + e] = -INFINITY;
+    }
 }
 
 // The window's mask (with Lk's and the causal one: KeyMask::keys_of_row) on rows row0 and
@@ -85,14 +105,7 @@ __device__ __forceinline__ void mask_scores_window(float (&s)[kNT][4], std::int6
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const detail::KeySpan keys = mask.keys_of_row(row0 + 8 * hh);
-    const int first = fragment_column<kNT>(keys.begin, n0, t);
-    const int limit = fragment_column<kNT>(keys.end, n0, t);
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (8 * n + e < first || 8 * n + e >= limit) s[n][2 * hh + e] = -INFINITY;
-      }
+    mask_row_span(s, hh, keys.begin, keys.end, n0, t);
   }
 }
 

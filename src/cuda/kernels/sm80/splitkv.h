@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/hostdevice.h"
+#include "core/visible_keys.h"
 #include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/reasons.h"
 
@@ -21,8 +23,10 @@ namespace memeff::cuda::sm80 {
 inline constexpr int kSplitKvRows = 16;
 
 // How one call is cut: grid = row_blocks · splits · B · Hkv CTAs; split s owns the 64-key blocks
-// [s·blocks_per_split, min((s + 1)·blocks_per_split, key_blocks)) and writes its rows' partial
-// output and lse to the workspace ([splits][B·Hq·Lq][Dv] fp32 and [splits][B·Hq·Lq] fp32).
+// first_block + [s·blocks_per_split, min((s + 1)·blocks_per_split, key_blocks)) and writes its
+// rows' partial output and lse to the workspace ([splits][B·Hq·Lq][Dv] fp32 and [splits][B·Hq·Lq]
+// fp32). first_block is 0 but with a window (ScoreMods::kWindow), whose left side can hide the
+// first keys from every query: only the modifiers' kernel reads it (the others start at block 0).
 struct SplitKvPlan {
   int row_blocks = 1;        // ceil(group·Lq / kSplitKvRows)
   int key_blocks = 0;        // 64-key blocks some query sees
@@ -32,7 +36,24 @@ struct SplitKvPlan {
   float* lse_partial = nullptr;
   std::size_t lse_offset = 0;  // bytes from the workspace's start to lse_partial
   std::size_t workspace_bytes = 0;
+  int first_block = 0;  // last, so the fields above keep their offsets in the kernels' params
 };
+
+// The keys [begin, end) some query of i_first..i_last (i_first <= i_last) sees under Lk, the
+// causal mask and the window (ScoreMods; its sides are kUnbounded without one): a row's span only
+// moves right with i, so the first row's start and the last row's end bound them. Empty (end <=
+// begin) when none does. The plan's key blocks (all queries) and the modifiers' kernel's (the
+// queries of its row block) are its 64-key blocks.
+MEMEFF_HD detail::KeySpan splitkv_key_span(const ForwardParams& p, std::int64_t i_first,
+                                           std::int64_t i_last) {
+  const bool causal = is_causal(p);
+  return {detail::visible_key_span(i_first, p.Lk, causal, p.causal_shift, p.mods.left_reach,
+                                   p.mods.right_reach)
+              .begin,
+          detail::visible_key_span(i_last, p.Lk, causal, p.causal_shift, p.mods.left_reach,
+                                   p.mods.right_reach)
+              .end};
+}
 
 struct SplitKv {
   static constexpr const char* kBackend = "cuda_splitkv";
@@ -47,7 +68,8 @@ struct SplitKv {
                       cudaStream_t stream);
 };
 
-// One instantiation's launches (splitkv_run.cuh; inst/splitkv_*.cu), plan's pointers set.
+// One instantiation's launches (splitkv_run.cuh; inst/splitkv_*.cu), plan's pointers set: a call
+// with a window, ALiBi or a softcap (p.mods.flags != 0) runs the modifiers' kernels.
 template <class T, int kHeadDim>
 void run_splitkv_forward(const ForwardParams& p, const SplitKvPlan& plan, cudaStream_t stream);
 

@@ -10,6 +10,14 @@
 // Semantics are the fused forward's (scale, causal both ways at the global coordinates, bias with
 // broadcast strides, dropout with the documented map: warp w's 16 keys of a 64-key block are word
 // w of the lane's Philox call, so the mask is the same bytes the fused kernels draw).
+//
+// Sliding window, ALiBi and softcap (ScoreMods, docs/window.md) run in their own instantiations
+// (kMods), so calls without them keep their code. A CTA's key blocks are its split's (the plan's
+// splits cover the blocks some query sees) intersected with those the queries of its row block
+// see (splitkv_key_span); a CTA left with none writes its rows' empty partial (0, lse -inf), as
+// a split past a causal diagonal does. Each of a lane's two rows has its own head and query, so
+// the modifiers go row by row: the cap on q·k, ALiBi with the row's head's slope after the scale
+// (natural units), and the row's own key span as the mask where the warp's 16 keys cross it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +30,7 @@
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
+#include "cuda/kernels/common/score_modifiers.cuh"
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/sm80/fwd_kernel.cuh"
 #include "cuda/kernels/sm80/mma.cuh"
@@ -59,9 +68,12 @@ struct SplitKvRow {
   int h;                 // query head
   std::int64_t i;        // query index
   std::int64_t j_limit;  // first key it does not see
+  std::int64_t j_first;  // first key it sees (the modifiers' kernel: the window's left side)
 };
 
-template <class T, class Tr, bool kDropout>
+// kMods: the instantiation (one per dtype, head dim and dropout) for calls with a window, ALiBi or
+// a softcap (p.mods.flags != 0).
+template <class T, class Tr, bool kDropout, bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     splitkv_forward_kernel(const ForwardParams p, const SplitKvPlan plan) {
   constexpr int kDT = Tr::kDTiles, kHD = Tr::kHeadDim, kNT = 2;
@@ -82,8 +94,24 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   const int b = static_cast<int>(bkv / p.Hkv), kvh = static_cast<int>(bkv % p.Hkv);
   const std::int64_t rows = static_cast<std::int64_t>(p.group) * p.Lq;
   const std::int64_t r0 = static_cast<std::int64_t>(row_block) * Tr::kBlockM;
-  const int kb_begin = split * plan.blocks_per_split;
-  const int kb_end = min(kb_begin + plan.blocks_per_split, plan.key_blocks);
+  int kb_begin = split * plan.blocks_per_split;
+  int kb_end = min(kb_begin + plan.blocks_per_split, plan.key_blocks);
+  if constexpr (kMods) {
+    // The split's blocks from the plan's first, cut to those the row block's queries see (all
+    // queries where its rows wrap past a head's last query).
+    kb_begin += plan.first_block;
+    kb_end += plan.first_block;
+    const std::int64_t r_last = min(r0 + Tr::kBlockM, rows) - 1;
+    const bool one_head = r0 / p.Lq == r_last / p.Lq;
+    const detail::KeySpan keys =
+        splitkv_key_span(p, one_head ? r0 % p.Lq : 0, one_head ? r_last % p.Lq : p.Lq - 1);
+    if (keys.size() > 0) {
+      kb_begin = max(kb_begin, static_cast<int>(keys.begin / Tr::kBlockN));
+      kb_end = min(kb_end, static_cast<int>((keys.end + Tr::kBlockN - 1) / Tr::kBlockN));
+    } else {
+      kb_end = kb_begin;
+    }
+  }
 
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
@@ -125,18 +153,31 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     rw.valid = r < rows;
     rw.h = kvh * p.group + (rw.valid ? static_cast<int>(r / p.Lq) : 0);
     rw.i = rw.valid ? r % p.Lq : 0;
-    rw.j_limit = is_causal(p) ? min(p.Lk, rw.i + p.causal_shift + 1) : p.Lk;
+    if constexpr (kMods) {
+      const detail::KeySpan keys = splitkv_key_span(p, rw.i, rw.i);
+      rw.j_first = keys.begin;
+      rw.j_limit = keys.end;
+    } else {
+      rw.j_first = 0;
+      rw.j_limit = is_causal(p) ? min(p.Lk, rw.i + p.causal_shift + 1) : p.Lk;
+    }
   }
 
   const bool has_bias = p.bias != nullptr;
   // Scores as in the fused forward: x = q·k (fast path) or x = scale·q·k + bias (premul, also for
-  // scale <= 0), exponentiated as exp2(x·f - m·f).
-  const bool premul = has_bias || !(p.scale > 0.0f);
+  // scale <= 0 and for ALiBi, whose penalty is in natural units), exponentiated as exp2(x·f - m·f).
+  const bool alibi = kMods && (p.mods.flags & ScoreMods::kAlibi) != 0;
+  const bool premul = has_bias || !(p.scale > 0.0f) || alibi;
   const float f = premul ? kLog2e : p.scale_log2;
   const float m_to_natural = premul ? 1.0f : p.scale;
   detail::DropoutKey key{0, 0};
   if constexpr (kDropout) key = dropout_key_of(p);
   const KeepThreshold thr(p.keep_threshold);
+  float slope[2] = {0.0f, 0.0f};  // ALiBi: each row's head's
+  if (alibi) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) slope[hh] = alibi_slope(p.mods, b, row_of[hh].h);
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -191,6 +232,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
       mma_16816<T>(s[0], qf, b0);
       mma_16816<T>(s[1], qf, b1);
     }
+    if constexpr (kMods) {
+      if (p.mods.flags & ScoreMods::kSoftcap) softcap_scores(s, p.mods);  // on q·k alone
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const SplitKvRow& rw = row_of[hh];
@@ -204,7 +248,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 #pragma unroll
         for (int n = 0; n < kNT; ++n) s[n][2 * hh] *= p.scale, s[n][2 * hh + 1] *= p.scale;
       }
-      if (n0w + 16 > rw.j_limit) mask_row(s, hh, rw.j_limit, n0w, t);
+      if constexpr (kMods) {
+        if (alibi) add_alibi_row(s, hh, slope[hh], rw.i + p.causal_shift - n0w - 2 * t);
+        if (n0w < rw.j_first || n0w + 16 > rw.j_limit) {
+          mask_row_span(s, hh, rw.j_first, rw.j_limit, n0w, t);
+        }
+      } else {
+        if (n0w + 16 > rw.j_limit) mask_row(s, hh, rw.j_limit, n0w, t);
+      }
     }
 
     std::uint32_t pk[kNT][2];

@@ -1,5 +1,6 @@
 // The split-KV forward's host interface (splitkv.h): its reasons, the split count and workspace
-// of a call, and the pick of the dtype x head-dim instantiation.
+// of a call (over the keys its window leaves visible), and the pick of the dtype x head-dim
+// instantiation.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -32,12 +33,21 @@ SplitKvPlan SplitKv::plan(const ForwardParams& p, const DeviceCaps& dev) {
   SplitKvPlan plan;
   const std::int64_t rows = static_cast<std::int64_t>(p.group) * p.Lq;
   plan.row_blocks = static_cast<int>(std::max<std::int64_t>(1, ceil_div(rows, kSplitKvRows)));
-  // Keys some query sees: under a causal mask the last query's diagonal bounds them.
+  // Keys some query sees: under a causal mask the last query's diagonal bounds them; a window
+  // also the first query's left side (the splits then cover the visible blocks only, so a short
+  // window over a long cache gets as many CTAs as its keys fill).
   std::int64_t key_end = p.Lk;
   if (is_causal(p)) key_end = std::min(key_end, p.Lq + p.causal_shift);
+  std::int64_t first_block = 0;
+  if (p.mods.flags & ScoreMods::kWindow) {
+    const detail::KeySpan keys = splitkv_key_span(p, 0, p.Lq - 1);
+    key_end = keys.size() > 0 ? keys.end : 0;
+    first_block = keys.size() > 0 ? keys.begin / kKeyBlock : 0;
+  }
   key_end = std::max<std::int64_t>(key_end, 0);
-  const std::int64_t key_blocks = ceil_div(key_end, kKeyBlock);
+  const std::int64_t key_blocks = ceil_div(key_end, kKeyBlock) - first_block;
   plan.key_blocks = static_cast<int>(key_blocks);
+  plan.first_block = static_cast<int>(first_block);
   const std::int64_t base = static_cast<std::int64_t>(plan.row_blocks) * p.B * p.Hkv;
   const std::int64_t target = kTargetCtasPerSm * std::max(dev.multiprocessors, 1);
   std::int64_t splits =
@@ -65,6 +75,7 @@ std::vector<std::string> SplitKv::forward_reasons(const ForwardParams& p, const 
         std::to_string(dev.major) + "." + std::to_string(dev.minor));
   }
   add_common_reasons(reasons, p, kLargestHeadDim);
+  add_score_modifier_reasons(reasons, p);  // the softcap's range, as the fused kernels'
   if (packed_layout(p)) {
     reasons.push_back(
         "packed (varlen) calls: the split-KV forward runs dense batches only (cuda and cuda_sm90 "

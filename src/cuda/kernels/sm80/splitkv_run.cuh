@@ -1,6 +1,6 @@
-// Host side of one split-KV instantiation (dtype x head-dim bucket): the dropout switch, the
-// shared-memory opt-in and the two launches (splits, then their combine). Included only by
-// inst/splitkv_*.cu.
+// Host side of one split-KV instantiation (dtype x head-dim bucket): the dropout and modifiers
+// switches, the shared-memory opt-in and the two launches (splits, then their combine). Included
+// only by inst/splitkv_*.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,9 +14,9 @@
 
 namespace memeff::cuda::sm80 {
 
-template <class T, class Tr, bool kDropout>
+template <class T, class Tr, bool kDropout, bool kMods>
 void launch_splitkv_kernels(const ForwardParams& p, const SplitKvPlan& plan, cudaStream_t stream) {
-  auto kernel = splitkv_forward_kernel<T, Tr, kDropout>;
+  auto kernel = splitkv_forward_kernel<T, Tr, kDropout, kMods>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "split-KV forward kernel");
   const std::int64_t ctas = static_cast<std::int64_t>(plan.row_blocks) * plan.splits * p.B * p.Hkv;
@@ -30,10 +30,17 @@ void launch_splitkv_kernels(const ForwardParams& p, const SplitKvPlan& plan, cud
 template <class T, int kHeadDim>
 void run_splitkv_forward(const ForwardParams& p, const SplitKvPlan& plan, cudaStream_t stream) {
   using Tr = SplitKvTraits<kHeadDim>;
-  if (p.has_dropout) {
-    launch_splitkv_kernels<T, Tr, true>(p, plan, stream);
+  if (p.mods.flags != 0) {
+    // Window, ALiBi, softcap: the modifiers' kernels (splitkv_kernel.cuh, kMods).
+    if (p.has_dropout) {
+      launch_splitkv_kernels<T, Tr, true, true>(p, plan, stream);
+    } else {
+      launch_splitkv_kernels<T, Tr, false, true>(p, plan, stream);
+    }
+  } else if (p.has_dropout) {
+    launch_splitkv_kernels<T, Tr, true, false>(p, plan, stream);
   } else {
-    launch_splitkv_kernels<T, Tr, false>(p, plan, stream);
+    launch_splitkv_kernels<T, Tr, false, false>(p, plan, stream);
   }
 }
 
