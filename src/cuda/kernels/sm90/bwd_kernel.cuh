@@ -35,8 +35,9 @@
 // window; steps the window cuts get its element mask, and rows that see a single key (by the
 // window's count) dS = 0. The deterministic mode adds a key block's dQ at its place among the key
 // blocks that reach the query block, counted from the first the window lets in. The window is in
-// every instantiation but the per-score bias's; ALiBi and the cap (whose derivative 1 - tanh²
-// multiplies dS after dbias took it) in one more per dtype and head dim (kMods below).
+// the packed instantiations and those of bias tiles; dense calls without a bias or with a
+// per-score one take the modifiers' kernels for it, as for ALiBi and the cap (whose derivative
+// 1 - tanh² multiplies dS after dbias took it; kMods below).
 //
 // Packed sequences (kPacked, params.h: cu_seqlens_q/k): the grid is (key tiles, Hkv) and CTA x
 // takes the key block of the varlen tile scheduler over cu_seqlens_k
@@ -196,7 +197,8 @@ __device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
 // into the step's dS buffer (see the producer below); else a bias is read per score.
 //
 // kMods: the instantiations with ALiBi and the softcap (ScoreMods), for calls that have either,
-// and for windowed calls with a bias read per score. Four per dtype and head dim: with a bias
+// and for dense windowed calls without a bias or with one read per score. Four per dtype and
+// head dim: with a bias
 // (kDropout, kBias, kCap = ModsCap::run_time), whose dropout, bias and cap follow the params at
 // run time (a bias when p.bias is set, read per score); without one, with the cap fixed at
 // compile time, and dropout too where there is no cap (with the cap, dropout at run time: ptxas,
@@ -204,8 +206,8 @@ __device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
 // with it, and ran slower on the GPU). Fixing them keeps the registers the run-time checks take
 // (the general kernel spilled up to 1 GB of local traffic at head dim 128; docs/benchmarks.md).
 // All take packed calls at run time (kPacked false), and their step computes P and dS in its own
-// code (the kMods branch of the main loop). The other instantiations take the window alone (but
-// the per-score bias's), behind tests of p.mods.flags the whole CTA takes alike.
+// code (the kMods branch of the main loop). The packed instantiations and those of bias tiles
+// take the window alone, behind tests of p.mods.flags the whole CTA takes alike.
 enum class ModsCap { run_time, off, on };
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
@@ -222,8 +224,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The modifiers' kernels with a bias or the cap: dropout as the params say.
   constexpr bool kRuntimeDropout = kMods && (kBias || kCap == ModsCap::on);
   static_assert(!kRuntimeDropout || kDropout, "run-time dropout is compiled with dropout");
-  // Instantiations with the window's code (the modifiers' kernel, and all but the per-score bias).
-  [[maybe_unused]] constexpr bool kWindowCode = kMods || !kBias || kBiasTiles;
+  // Instantiations with the window's code: the modifiers' kernels, the packed ones and those of
+  // bias tiles. The dense ones without a bias have none (on the H100 their window tests cost calls
+  // without a window 1-5%; bwd_run.cuh sends windows to the modifiers' kernels).
+  [[maybe_unused]] constexpr bool kWindowCode = kMods || kPacked || kBiasTiles;
   static_assert(!kBiasTiles || Tr::kStages == 2,
                 "the bias of step it lands in dS buffer it % 2, freed with Q/dO stage it % 2");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -108,11 +108,11 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   const bool tiles = bias && tp.bias_tiles;
   // ALiBi and the softcap run in the modifiers' kernels (bwd_kernel.cuh, kMods), dense or packed:
   // with a bias, the one that reads dropout, the bias and the cap at run time; without, one with
-  // the cap (dropout at run time) and one per dropout without it. So does a window with a bias
-  // read per score.
+  // the cap (dropout at run time) and one per dropout without it. So does a dense window without
+  // a bias or with one read per score (the plain dense kernels have no window code).
   const int mods = p.mods.flags;
-  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
-      ((mods & ScoreMods::kWindow) && bias && !tiles)) {
+  const bool dense_window = (mods & ScoreMods::kWindow) && !packed && !tiles;
+  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) || dense_window) {
     constexpr ModsCap kOn = ModsCap::on, kOff = ModsCap::off;
     if (bias) {
       launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, dbias_cross_cta, stream);

@@ -29,11 +29,12 @@
 // Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md): an item visits only
 // the key tiles some row of its block sees (KeyMask::key_tile_range: [n_first, n_first + n_tiles)),
 // so its work follows the window, not Lk; tiles the window cuts get the window's element mask
-// (score_modifiers.cuh), the others none. Every instantiation but the global-bias one has the
-// window behind one test of p.mods.flags per tile, taken by the whole CTA: a call without it runs
-// the code it ran before (ptxas: the same registers and spills). ALiBi and the softcap live in
-// one more instantiation per dtype and head dim (kMods below): the cap replaces q·k before
-// anything else, ALiBi's -slope·|i + shift - j| is added after the bias.
+// (score_modifiers.cuh), the others none. The packed instantiations and those of a key-padding
+// bias or bias tiles have the window behind one test of p.mods.flags per tile, taken by the whole
+// CTA; a dense call without a bias and with a window takes the modifiers' kernels (kMods below),
+// so the plain ones keep the code they had before windows. ALiBi and the softcap live in the
+// modifiers' kernels: the cap replaces q·k before anything else, ALiBi's -slope·|i + shift - j|
+// is added after the bias.
 //
 // Bias (kBiasRead, fwd_traits.cuh): a 16-bit bias that varies over queries comes as tiles of the
 // block's rows by the key tile's keys, loaded by the producer right after each K tile into a ring
@@ -180,14 +181,15 @@ __device__ __forceinline__ void add_tiled_bias(float (&s)[kNT][4], const unsigne
 // by TMA beside K and V (bias_tiles below).
 //
 // kMods: the instantiations with ALiBi and the softcap (ScoreMods), for calls that have either, and
-// for windowed calls whose bias takes BiasRead::global. Three per dtype and head dim: with a bias
+// for dense windowed calls without a bias or with one of BiasRead::global. Three per dtype and
+// head dim: with a bias
 // (kDropout and a global kBiasRead), whose dropout and bias follow the params at run time (a bias
 // when p.bias is set), and two without one (BiasRead::none), dropout fixed by kDropout, which keep
 // the registers of the run-time checks for the scores (measured: the general kernel spills at head
 // dim 128 and runs 20-30% slower than the plain one with ALiBi alone; docs/benchmarks.md). All of
 // them take packed calls at run time (kPacked false); the cap is one test of p.mods.flags per
-// tile. The other instantiations take the window alone (but BiasRead::global, whose register
-// budget it would exceed) behind one test of p.mods.flags per tile.
+// tile. The packed instantiations and those of a key-padding bias or bias tiles take the window
+// alone, behind one test of p.mods.flags per tile.
 template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked, bool kMods = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ ForwardTmaParams tp) {
@@ -199,8 +201,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                 "the score-modifier kernels take packing (and, with a bias, dropout) at run time");
   // The modifiers' kernel with a bias: dropout and the bias as the params say.
   constexpr bool kRuntimeDropout = kMods && kBias;
-  // Instantiations with the window's code (the modifiers' kernel, and all but the global bias).
-  [[maybe_unused]] constexpr bool kWindowCode = kMods || kBiasRead != BiasRead::global;
+  // Instantiations with the window's code: the modifiers' kernels, the packed ones and those of a
+  // key-padding bias and bias tiles. The dense ones without a bias have none (on the H100 their
+  // window test cost calls without a window 1-4%; fwd_run.cuh sends windows to the modifiers').
+  [[maybe_unused]] constexpr bool kWindowCode =
+      kMods || kPacked || kBiasRead == BiasRead::keys || kBiasRead == BiasRead::tiles;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.

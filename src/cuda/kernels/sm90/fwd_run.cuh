@@ -89,11 +89,13 @@ void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream
                                                : BiasRead::global;
   // ALiBi and the softcap run in the modifiers' kernels (fwd_kernel.cuh, kMods), dense or packed:
   // with a bias, the one that reads dropout and the bias at run time; without, one per dropout.
-  // So does a window over a bias read per score from global memory. Every other call, windowed
-  // or not, takes its own instantiation.
+  // So does a dense window without a bias or over one read per score from global memory (the
+  // plain dense kernels without a bias have no window code). Every other call, windowed or not,
+  // takes its own instantiation.
   const int mods = p.mods.flags;
-  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) ||
-      ((mods & ScoreMods::kWindow) && read == BiasRead::global)) {
+  const bool dense_window = (mods & ScoreMods::kWindow) && p.cu_seqlens_q == nullptr &&
+                            (read == BiasRead::global || read == BiasRead::none);
+  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) || dense_window) {
     if (bias) {
       launch_forward_kernel<T, Tr, true, BiasRead::global, false, true>(params, multiprocessors,
                                                                         stream);
