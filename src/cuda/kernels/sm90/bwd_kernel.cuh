@@ -613,14 +613,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const std::uint32_t single =
           need_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
       auto ds_loop = [&](auto with_cap) {
-        constexpr bool kCap = decltype(with_cap)::value;
+        constexpr bool kWithCap = decltype(with_cap)::value;
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             const int e = r & 1;
             float pv = sacc[n][r], cap_grad = 1.0f;
-            if constexpr (kCap) {
+            if constexpr (kWithCap) {
               const float capped = softcap_score(sacc[n][r], p.mods);
               const float th = capped * p.mods.softcap_in;  // tanh(scale·s / softcap)
               pv = p_of(n, r, capped);
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                 delta_s[8 * n + 2 * t + e]);
             if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
             const float pz = __uint_as_float(__float_as_uint(pv) & kept);
-            if constexpr (kCap) {
+            if constexpr (kWithCap) {
               sacc[n][r] = __uint_as_float((std::uint32_t{bits16(from_float<T>(pz))} << 16) |
                                            bits16(__float2half_rn(cap_grad)));
             } else {
