@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                         (kDropout && kBiasRead == BiasRead::global))),
                 "the score-modifier kernels take packing (and, with a bias, dropout) at run time");
   // The modifiers' kernel with a bias: dropout and the bias as the params say.
-  constexpr bool kRuntimeDropout = kMods && kBias;
+  [[maybe_unused]] constexpr bool kRuntimeDropout = kMods && kBias;
   // Instantiations with the window's code: the modifiers' kernels, the packed ones and those of a
   // key-padding bias and bias tiles. The dense ones without a bias have none (on the H100 their
   // window test cost calls without a window 1-4%; fwd_run.cuh sends windows to the modifiers').
