@@ -606,10 +606,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // dS as the plain step has it (Pᵀ∘(M∘dPᵀ − delta / keep_scale), dropout's mask all ones
       // without dropout), 0 in the columns of a query that sees a single key (bit 2n + e of
       // `single`; kv_block: it may see other keys elsewhere, never packed). dbias takes it from
-      // the fragment after the loop, before the cap's derivative: with a cap, Pᵀ∘Z (in T, as pf
-      // holds it) and 1 - tanh² (fp16: it lies in [0, 1]) share each element's register in sacc
-      // meanwhile, so no fragment beyond the plain step's is held (ptxas, sm_90a, head dim 64: a
-      // separate one serialized the wgmmas; writing dbias element by element took ptxas 15 s).
+      // the fragment after the loop, before the cap's derivative: with a cap, Pᵀ∘Z and 1 - tanh²
+      // share each element's register in sacc meanwhile (pack_p_and_cap_grad), so no fragment
+      // beyond the plain step's is held (ptxas, sm_90a, head dim 64: a separate one serialized the
+      // wgmmas; writing dbias element by element took ptxas 15 s).
       const std::uint32_t single =
           need_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
       auto ds_loop = [&](auto with_cap) {
@@ -632,20 +632,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                 delta_s[8 * n + 2 * t + e]);
             if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
             const float pz = __uint_as_float(__float_as_uint(pv) & kept);
-            if constexpr (kWithCap) {
-              sacc[n][r] = __uint_as_float((std::uint32_t{bits16(from_float<T>(pz))} << 16) |
-                                           bits16(__float2half_rn(cap_grad)));
-            } else {
-              sacc[n][r] = pz;
-            }
+            sacc[n][r] = kWithCap ? pack_p_and_cap_grad<T>(pz, cap_grad) : pz;
           }
         }
       };
-      if constexpr (kCap == ModsCap::on) {
-        ds_loop(std::true_type{});
-      } else if constexpr (kCap == ModsCap::off) {
-        ds_loop(std::false_type{});
-      } else if (cap) {
+      if (cap) {  // a constant but in the general kernel (kCap)
         ds_loop(std::true_type{});
       } else {
         ds_loop(std::false_type{});
@@ -657,11 +648,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const std::uint32_t w = __float_as_uint(sacc[n][r]);
-            dpacc[n][r] *= __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
-          }
-          // pf pairs (element 0 low, 1 high) from the upper halves.
+          for (int r = 0; r < 4; ++r) dpacc[n][r] *= cap_grad_of(sacc[n][r]);
+          // pf pairs (element 0 low, 1 high) from the upper halves (pack_p_and_cap_grad's P∘Z).
           pf[n / 2][2 * (n % 2)] =
               __byte_perm(__float_as_uint(sacc[n][0]), __float_as_uint(sacc[n][1]), 0x7632);
           pf[n / 2][2 * (n % 2) + 1] =
