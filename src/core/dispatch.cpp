@@ -113,12 +113,9 @@ constexpr std::int64_t kSplitKvMhaMaxFusedCtas = 128;
 // forward visit only those, so a short window over a long cache is a short call.
 std::int64_t split_kv_keys(const Problem& p) {
   if (!p.has_window()) return p.Lk;
-  const bool causal = p.causal != CausalMode::none;
-  const KeySpan first =
-      visible_key_span(0, p.Lk, causal, p.position_shift(), p.window_left, p.window_right);
-  const KeySpan last =
-      visible_key_span(p.Lq - 1, p.Lk, causal, p.position_shift(), p.window_left, p.window_right);
-  return std::max<std::int64_t>(0, last.end - first.begin);
+  return visible_key_span_of_rows(0, p.Lq - 1, p.Lk, p.causal != CausalMode::none,
+                                  p.position_shift(), p.window_left, p.window_right)
+      .size();
 }
 bool prefers_split_kv(const Problem& p, std::string& why) {
   if (p.packed || p.Hkv <= 0 || p.Lq <= 0) return false;

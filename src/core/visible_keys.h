@@ -36,4 +36,13 @@ MEMEFF_HD KeySpan visible_key_span(std::int64_t i, std::int64_t Lk, bool causal,
   return span;
 }
 
+// The keys some query row of i_first..i_last (i_first <= i_last) sees, under the same rule: a
+// row's span only moves right with i, so the first row's start and the last row's end bound them.
+MEMEFF_HD KeySpan visible_key_span_of_rows(std::int64_t i_first, std::int64_t i_last,
+                                           std::int64_t Lk, bool causal, std::int64_t shift,
+                                           std::int64_t left, std::int64_t right) {
+  return {visible_key_span(i_first, Lk, causal, shift, left, right).begin,
+          visible_key_span(i_last, Lk, causal, shift, left, right).end};
+}
+
 }  // namespace memeff::detail

@@ -40,19 +40,13 @@ struct SplitKvPlan {
 };
 
 // The keys [begin, end) some query of i_first..i_last (i_first <= i_last) sees under Lk, the
-// causal mask and the window (ScoreMods; its sides are kUnbounded without one): a row's span only
-// moves right with i, so the first row's start and the last row's end bound them. Empty (end <=
-// begin) when none does. The plan's key blocks (all queries) and the modifiers' kernel's (the
-// queries of its row block) are its 64-key blocks.
+// causal mask and the window (ScoreMods; its sides are kUnbounded without one), by
+// core/visible_keys.h's rule. Empty (end <= begin) when none does. The plan's key blocks (all
+// queries) and the modifiers' kernel's (the queries of its row block) are its 64-key blocks.
 MEMEFF_HD detail::KeySpan splitkv_key_span(const ForwardParams& p, std::int64_t i_first,
                                            std::int64_t i_last) {
-  const bool causal = is_causal(p);
-  return {detail::visible_key_span(i_first, p.Lk, causal, p.causal_shift, p.mods.left_reach,
-                                   p.mods.right_reach)
-              .begin,
-          detail::visible_key_span(i_last, p.Lk, causal, p.causal_shift, p.mods.left_reach,
-                                   p.mods.right_reach)
-              .end};
+  return detail::visible_key_span_of_rows(i_first, i_last, p.Lk, is_causal(p), p.causal_shift,
+                                          p.mods.left_reach, p.mods.right_reach);
 }
 
 struct SplitKv {
