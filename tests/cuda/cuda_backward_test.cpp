@@ -269,6 +269,22 @@ TEST_P(CudaBackward, ManyBlocksGroupedWithDropout) {
   }
 }
 
+// Causal grids in bands of heads (common/block_order.h): 16 (batch, kv) heads of 33 key blocks
+// (Lk 4200: the backward's grid, bands of 8 on a 132-SM card) or 32 (batch, query) heads of 33
+// query blocks (Lq 4200: the forward's, which the case runs first), each band walked block by
+// block. Every block must still run once, and the deterministic mode's turns must still come in
+// order (out of order, a turn waits forever).
+TEST_P(CudaBackward, CausalGridsInBandsOfHeads) {
+  for (const auto& [Lq, Lk] : {std::pair<std::int64_t, std::int64_t>{64, 4200}, {4200, 64}}) {
+    KernelCase c = make({.B = 4, .Hq = 8, .Hkv = 4, .Lq = Lq, .Lk = Lk, .causal = kBottomRight});
+    c.dropout = 0.1;
+    check_case(c, 700);
+    c.causal = kTopLeft;
+    c.deterministic = true;
+    check_case(c, 710);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CudaBackward, ::testing::Values("cuda", "cuda_sm90"),
                          test::backend_name);
 
@@ -346,6 +362,26 @@ TEST(CudaBackwardReasons, RefusesWhatItCannotRun) {
   EXPECT_TRUE(cuda::sm80::Family::backward_reasons(p, {9, 0}).empty());
   p.q_stride.l = 68;  // not a multiple of 8 elements
   EXPECT_EQ(cuda::sm80::Family::backward_reasons(p, {9, 0}).size(), 1u);
+}
+
+// A dense call's key blocks are the grid's y (common/block_order.h): more than 65535 of them are
+// refused by name; packed calls have no such bound.
+TEST(CudaBackwardReasons, DenseGridsHoldAtMost65535KeyBlocks) {
+  cuda::BackwardParams p = one_head_params(64, 64);
+  for (bool hopper : {false, true}) {
+    SCOPED_TRACE(hopper ? "cuda_sm90" : "cuda");
+    auto reasons = [&] {
+      return hopper ? cuda::sm90::Family::backward_reasons(p, {9, 0})
+                    : cuda::sm80::Family::backward_reasons(p, {9, 0});
+    };
+    p.Lk = std::int64_t{65535} * 64;  // the fewest keys per CTA of either family
+    for (const std::string& r : reasons()) EXPECT_EQ(r.find("key blocks"), std::string::npos) << r;
+    p.Lk = std::int64_t{65536} * 128 + 1;
+    std::string all;
+    for (const std::string& r : reasons()) all += r + "\n";
+    EXPECT_NE(all.find("Lk = 8388609 exceeds the grid's 65535 key blocks"), std::string::npos)
+        << all;
+  }
 }
 
 TEST(CudaBackwardReasons, HopperRefusesWhatItCannotRun) {

@@ -86,12 +86,13 @@ class FusedBackend final : public CudaBackendBase {
     // accumulator).
     if (cuda::backward_empty_edges(pb, g, stream)) return;
     const cuda::BackwardParams p = cuda::backward_params(pb, args, g, options);
-    std::vector<std::string> reasons = Family::backward_reasons(p, device_caps(pb.device.index));
+    const cuda::DeviceCaps caps = device_caps(pb.device.index);
+    std::vector<std::string> reasons = Family::backward_reasons(p, caps);
     add_fused_backward_reasons(pb, reasons);
     if (!reasons.empty()) throw_cannot_run(Family::kBackend, Pass::backward, reasons);
     const std::string who = std::string(Family::kBackend) + " backward";
     cuda::Workspace workspace(who.c_str(), Family::backward_workspace_bytes(p), options, stream);
-    Family::backward(p, workspace.data(), cuda::elem_type(pb.dtype), stream);
+    Family::backward(p, workspace.data(), cuda::elem_type(pb.dtype), caps, stream);
     workspace.release();
   }
 };

@@ -1,6 +1,7 @@
 // The one CUDA error check of the library: a failed runtime call or launch becomes memeff::Error
 // (ErrorCode::cuda_error) naming what failed, and a once-per-device guard for the setup a kernel
-// needs before its first launch on a device (its dynamic shared-memory opt-in).
+// needs before its first launch on a device (its dynamic shared-memory opt-in), and the occupancy
+// a launcher plans its grid order with.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,10 +40,24 @@ template <class Kernel>
 void opt_in_shared_memory(std::atomic<unsigned long long>& done, Kernel kernel, int bytes,
                           const char* name) {
   once_per_device(done, [&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-               (std::string("cudaFuncSetAttribute(") + name + ", max dynamic shared memory)")
-                   .c_str());
+    check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+        (std::string("cudaFuncSetAttribute(") + name + ", max dynamic shared memory)").c_str());
   });
+}
+
+// How many CTAs of `kernel` (threads, dynamic shared memory as launched) an SM holds at once, as
+// the runtime's occupancy calculator says, asked once and kept in `cached` (the kernel's own): a
+// scheduling hint, so the first device asked answers for all. At least 1.
+template <class Kernel>
+int resident_ctas_per_sm(std::atomic<int>& cached, Kernel kernel, int threads, int smem_bytes) {
+  int n = cached.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  n = n > 0 ? n : 1;
+  cached.store(n, std::memory_order_relaxed);
+  return n;
 }
 
 }  // namespace memeff::cuda

@@ -7,7 +7,8 @@
 //   static std::vector<std::string> backward_reasons(const BackwardParams&, const DeviceCaps&);
 //   static std::size_t backward_workspace_bytes(const BackwardParams&);
 //   static void forward(const ForwardParams&, ElemType, const DeviceCaps&, cudaStream_t);
-//   static void backward(const BackwardParams&, void* workspace, ElemType, cudaStream_t);
+//   static void backward(const BackwardParams&, void* workspace, ElemType, const DeviceCaps&,
+//                        cudaStream_t);
 //
 // Reasons take params filled from the problem alone (null pointers pass) or from the views; an
 // empty list means the family runs them. forward and backward take non-empty problems whose

@@ -132,6 +132,15 @@ struct BackwardParams : ForwardParams {
 
 MEMEFF_HD bool is_causal(const ForwardParams& p) { return p.causal != Causal::none; }
 
+// Whether the blocks of a head differ in cost along the diagonal: a bound on one side of it only
+// (the causal mask, or a window's right side) moves the keys a query block sees, and the queries a
+// key block is seen by, with the block; bounds on both sides, or none, keep their count.
+inline bool block_costs_vary(const ForwardParams& p) {
+  const bool right = is_causal(p) || p.mods.right_reach < ScoreMods::kUnbounded;
+  const bool left = p.mods.left_reach < ScoreMods::kUnbounded;
+  return right != left;
+}
+
 // Whether dbias sums over a broadcast dimension (B, H or Lq of size 1 where the problem's is not):
 // then it goes through an fp32 accumulator and a conversion.
 inline bool dbias_is_reduced(const BackwardParams& p) {

@@ -102,6 +102,22 @@ inline void add_common_reasons(std::vector<std::string>& reasons, const Backward
   check_strides(reasons, "dv", p.dv_stride, grad_multiple, why);
 }
 
+// A dense backward's grid (band, key blocks of block_n keys, B·Hkv / band) (common/block_order.h):
+// at most 65535 key blocks (y) and (batch, kv head) pairs (z, with a band of 1).
+inline void add_dense_backward_grid_reasons(std::vector<std::string>& reasons,
+                                            const BackwardParams& p, int block_n) {
+  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
+  if (heads > kMaxGridY) {
+    reasons.push_back("B·Hkv = " + std::to_string(heads) +
+                      " exceeds the grid's 65535 (batch, kv head) blocks");
+  }
+  if ((p.Lk + block_n - 1) / block_n > kMaxGridY) {
+    reasons.push_back("Lk = " + std::to_string(p.Lk) + " exceeds the grid's 65535 key blocks of " +
+                      std::to_string(block_n) +
+                      " keys (a dense call; packed sequences have no such bound)");
+  }
+}
+
 // The softcap's factors scale / softcap and softcap / scale (ScoreMods) must be normal fp32
 // numbers: the kernels of both families multiply by them with denormals flushed.
 inline void add_score_modifier_reasons(std::vector<std::string>& reasons, const ForwardParams& p) {

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/bwd_dbias.cuh"
 #include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/dropout_frag.cuh"
@@ -53,7 +54,8 @@ __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
 }
 
 // Main kernel.
-//   Dense: grid.x: key blocks (+ key_block_base), grid.y: b·Hkv + kvh (+ head_base).
+//   Dense (common/block_order.h): grid (band, key blocks, B·Hkv / band), key block y (+
+//   key_block_base) of b·Hkv + kvh = z·band + x (+ head_base).
 //   Packed: grid.x: key tiles of all sequences (the scheduler's index), or with seq_per_cta the
 //   sequence, whose key block key_block_base the CTA takes (deterministic launches); grid.y: kvh.
 //   dbias_mode: none, direct (no broadcast: dS written as is) or reduced (fp32 atomics into
@@ -127,10 +129,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // blocks has nothing here (the scheduler never gives such a block).
     if (n0 >= span.Lk) return;
   } else {
-    const int y = blockIdx.y + extra.head_base;
+    // Plain expressions of the block index (bwd_kernel.cuh of sm90 says why).
+    const int y = static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x) + extra.head_base;
     b = y / p.Hkv;
     kvh = y % p.Hkv;
-    const int key_block = blockIdx.x + extra.key_block_base;
+    const int key_block = static_cast<int>(blockIdx.y) + extra.key_block_base;
     n0 = static_cast<std::int64_t>(key_block) * kBlockN;
     if constexpr (kMods) span = seq_span(p, b);  // the batch entry's lengths, zero offsets
   }

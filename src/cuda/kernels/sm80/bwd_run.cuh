@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/bwd_prepost.cuh"
 #include "cuda/kernels/sm80/bwd_kernel.cuh"
 #include "cuda/kernels/sm80/bwd_prepost.cuh"
@@ -28,7 +29,7 @@ namespace memeff::cuda::sm80 {
 // CTA per launch.
 template <class T, class Tr, bool kBias, bool kMods = false>
 void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_in,
-                           bool dbias_cross_cta, cudaStream_t stream) {
+                           bool dbias_cross_cta, int multiprocessors, cudaStream_t stream) {
   auto kernel = attention_backward_kernel<T, Tr, false, kBias, kMods>;
   static std::atomic<unsigned long long> opted_in{0};
   opt_in_shared_memory(opted_in, kernel, Tr::kSmemBytes, "sm80 backward kernel");
@@ -36,7 +37,19 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
   const int heads = p.B * p.Hkv;
   if (!p.deterministic) {
-    kernel<<<dim3(key_blocks, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+    // Where the key blocks' costs differ (the causal mask: block 0 sees every query block), bands
+    // of heads walked key block by key block (common/block_order.h; each head's Q and dO are what
+    // its blocks share in L2).
+    int band = 1;
+    if (block_costs_vary(p)) {
+      static std::atomic<int> per_sm{0};  // CTAs per SM (the first device's; a scheduling hint)
+      const std::int64_t wave = static_cast<std::int64_t>(std::max(multiprocessors, 1)) *
+                                resident_ctas_per_sm(per_sm, kernel, Tr::kThreads, Tr::kSmemBytes);
+      band = static_cast<int>(grid_band_heads(
+          heads, key_blocks, wave, p.group * p.Lq * (p.D + p.Dv) * std::int64_t{sizeof(T)}));
+    }
+    kernel<<<dim3(band, key_blocks, heads / band), Tr::kThreads, Tr::kSmemBytes, stream>>>(p,
+                                                                                           extra);
     check_launch("attention_backward_kernel launch");
     return;
   }
@@ -44,7 +57,7 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
     extra.key_block_base = n;
     if (!dbias_cross_cta) {
       extra.head_base = 0;
-      kernel<<<dim3(1, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
+      kernel<<<dim3(1, 1, heads), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
       check_launch("attention_backward_kernel launch");
     } else {
       for (int y = 0; y < heads; ++y) {
@@ -89,7 +102,8 @@ void launch_backward_packed(const BackwardParams& p, const BwdLaunchExtra& extra
 
 // The launch sequence for one tile shape (the benchmark also calls it with candidate shapes).
 template <class T, class Tr>
-void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
+void run_backward_with(BackwardParams p, void* workspace, int multiprocessors,
+                       cudaStream_t stream) {
   const BackwardWorkspace ws = backward_workspace_layout(p);
   auto* base = static_cast<unsigned char*>(workspace);
   p.softmax_d = reinterpret_cast<float*>(base + ws.softmax_d);
@@ -127,11 +141,11 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
   } else {
     const bool cross_cta = ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p);
     if (mods) {
-      launch_backward_dense<T, Tr, true, true>(p, extra, cross_cta, stream);
+      launch_backward_dense<T, Tr, true, true>(p, extra, cross_cta, multiprocessors, stream);
     } else if (p.bias != nullptr) {
-      launch_backward_dense<T, Tr, true>(p, extra, cross_cta, stream);
+      launch_backward_dense<T, Tr, true>(p, extra, cross_cta, multiprocessors, stream);
     } else {
-      launch_backward_dense<T, Tr, false>(p, extra, cross_cta, stream);
+      launch_backward_dense<T, Tr, false>(p, extra, cross_cta, multiprocessors, stream);
     }
   }
 
@@ -142,8 +156,8 @@ void run_backward_with(BackwardParams p, void* workspace, cudaStream_t stream) {
 }
 
 template <class T, int kHeadDim>
-void run_backward(BackwardParams p, void* workspace, cudaStream_t stream) {
-  run_backward_with<T, typename BwdConfig<kHeadDim>::Traits>(p, workspace, stream);
+void run_backward(BackwardParams p, void* workspace, int multiprocessors, cudaStream_t stream) {
+  run_backward_with<T, typename BwdConfig<kHeadDim>::Traits>(p, workspace, multiprocessors, stream);
 }
 
 }  // namespace memeff::cuda::sm80

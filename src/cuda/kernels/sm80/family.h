@@ -15,7 +15,7 @@ struct Family {
   static void forward(const ForwardParams& p, ElemType type, const DeviceCaps& dev,
                       cudaStream_t stream);
   static void backward(const BackwardParams& p, void* workspace, ElemType type,
-                       cudaStream_t stream);
+                       const DeviceCaps& dev, cudaStream_t stream);
 };
 
 }  // namespace memeff::cuda::sm80

@@ -12,8 +12,10 @@ namespace memeff::cuda::sm80 {
 template <class T, int kHeadDim>
 void run_forward(const ForwardParams& params, cudaStream_t stream);
 
-// `workspace`: backward_workspace_layout(params).total bytes (bwd_traits.cuh), 16-byte aligned.
+// `workspace`: backward_workspace_layout(params).total bytes (bwd_traits.cuh), 16-byte aligned;
+// `multiprocessors`: the device's SM count, which the grid's order plans with
+// (common/block_order.h).
 template <class T, int kHeadDim>
-void run_backward(BackwardParams params, void* workspace, cudaStream_t stream);
+void run_backward(BackwardParams params, void* workspace, int multiprocessors, cudaStream_t stream);
 
 }  // namespace memeff::cuda::sm80

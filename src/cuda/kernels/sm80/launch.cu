@@ -87,9 +87,8 @@ std::vector<std::string> Family::backward_reasons(const BackwardParams& p, const
       reasons.push_back(std::to_string(p.B) + " sequences of " + std::to_string(p.total_k) +
                         " key rows exceed the grid's 2^31 - 1 key tiles");
     }
-  } else if (static_cast<std::int64_t>(p.B) * p.Hkv > kMaxGridY) {
-    reasons.push_back("B·Hkv = " + std::to_string(static_cast<std::int64_t>(p.B) * p.Hkv) +
-                      " exceeds the grid's 65535 (batch, kv head) blocks");
+  } else {
+    add_dense_backward_grid_reasons(reasons, p, kBackwardMinBlockN);
   }
   if (p.Lk > kMaxGridX || p.Lq > kMaxGridX) {
     reasons.push_back("Lq and Lk must be below 2^31");
@@ -102,7 +101,7 @@ std::size_t Family::backward_workspace_bytes(const BackwardParams& p) {
 }
 
 void Family::backward(const BackwardParams& p, void* workspace, ElemType type,
-                      cudaStream_t stream) {
+                      const DeviceCaps& dev, cudaStream_t stream) {
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0 || p.Lk == 0) {
     throw Error(ErrorCode::internal,
                 "cuda backward: empty problems are handled by the backend, not the kernels");
@@ -115,7 +114,7 @@ void Family::backward(const BackwardParams& p, void* workspace, ElemType type,
   const int bucket = BackwardHeadDims::bucket_of(std::max(p.D, p.Dv));
   const bool ran = switch_instance(BackwardHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
-    run_backward<typename I::T, I::kHeadDim>(p, workspace, stream);
+    run_backward<typename I::T, I::kHeadDim>(p, workspace, dev.multiprocessors, stream);
   });
   if (!ran) no_kernel("backward", p, BackwardHeadDims::largest);
 }

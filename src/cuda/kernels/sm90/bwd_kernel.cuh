@@ -58,6 +58,7 @@
 #include <type_traits>
 
 #include "core/dropout_map.h"
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/bwd_dbias.cuh"
 #include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/dropout_frag.cuh"
@@ -270,8 +271,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     pk = *pk_smem;
     if (!pk.valid) return;
   }
-  const int key_block = packed_call ? pk.block : static_cast<int>(blockIdx.x) + tp.key_block_base;
-  const int y = static_cast<int>(blockIdx.y) + tp.head_base;
+  // Dense: key block y of (batch, kv head) z·gridDim.x + x: the grid's order in bands of
+  // gridDim.x heads (bwd_traits.cuh, common/block_order.h). Plain expressions of the block index:
+  // computing the order (a division) cost the main loop registers and spills.
+  const int key_block = packed_call ? pk.block : static_cast<int>(blockIdx.y) + tp.key_block_base;
+  const int y = packed_call ? static_cast<int>(blockIdx.y)
+                            : static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x) + tp.head_base;
   // Packed: b = the sequence (the dropout map's b; the b strides are 0), grid y the kv head.
   const int b = packed_call ? pk.seq : y / p.Hkv, kvh = packed_call ? y : y % p.Hkv;
   const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBlockN;

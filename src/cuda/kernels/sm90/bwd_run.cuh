@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/bwd_prepost.cuh"
 #include "cuda/kernels/sm90/bwd_kernel.cuh"
 #include "cuda/kernels/sm90/bwd_prepost.cuh"
@@ -19,9 +20,18 @@
 
 namespace memeff::cuda::sm90 {
 
+// How the main kernel is launched: dbias_cross_cta (deterministic, a dbias summed across CTAs:
+// one CTA per launch), the SMs (the grid's order), the stream.
+struct BackwardLaunch {
+  bool dbias_cross_cta = false;
+  int multiprocessors = 1;
+  cudaStream_t stream = nullptr;
+};
+
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
           bool kBiasTiles = false, bool kMods = false, ModsCap kCap = ModsCap::run_time>
-void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStream_t stream) {
+void launch_backward_kernel(BackwardTmaParams tp, const BackwardLaunch& launch) {
+  const cudaStream_t stream = launch.stream;
   auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
@@ -39,8 +49,18 @@ void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStre
   }
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
   const int heads = p.B * p.Hkv;
-  if (!dbias_cross_cta) {
-    kernel<<<dim3(key_blocks, heads), Tr::kThreads, kSmem, stream>>>(tp);
+  if (!launch.dbias_cross_cta) {
+    // Where the key blocks' costs differ (the causal mask: block 0 sees every query block), bands
+    // of heads walked key block by key block (common/block_order.h; one CTA per SM: setmaxnreg's
+    // split takes the register file; each head's Q and dO are what its blocks share in L2). The
+    // deterministic mode's turns stay in launch order: a head's key blocks start in ascending
+    // order.
+    const int band = block_costs_vary(p)
+                         ? static_cast<int>(grid_band_heads(
+                               heads, key_blocks, std::max(launch.multiprocessors, 1),
+                               p.group * p.Lq * (p.D + p.Dv) * std::int64_t{sizeof(T)}))
+                         : 1;
+    kernel<<<dim3(band, key_blocks, heads / band), Tr::kThreads, kSmem, stream>>>(tp);
     check_launch("attention_backward_kernel launch");
     return;
   }
@@ -58,7 +78,8 @@ void launch_backward_kernel(BackwardTmaParams tp, bool dbias_cross_cta, cudaStre
 }
 
 template <class T, int kHeadDim>
-void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_t stream) {
+void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multiprocessors,
+                  cudaStream_t stream) {
   using Tr = typename BwdConfig<kHeadDim>::Traits;
   BackwardParams& p = tp.p;
   const bool packed = p.cu_seqlens_q != nullptr;
@@ -103,6 +124,7 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   // 3. The main kernel.
   const bool dbias_cross_cta =
       p.deterministic && ws.dbias.mode == DbiasMode::reduced && dbias_reduced_across_ctas(p);
+  const BackwardLaunch launch{dbias_cross_cta, multiprocessors, stream};
   const bool bias = p.bias != nullptr;
   // A bias the launcher described for TMA (16-bit, varying over queries) comes in tiles.
   const bool tiles = bias && tp.bias_tiles;
@@ -115,25 +137,25 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, cudaStream_
   if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) || dense_window) {
     constexpr ModsCap kOn = ModsCap::on, kOff = ModsCap::off;
     if (bias) {
-      launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, dbias_cross_cta, stream);
+      launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, launch);
     } else if (mods & ScoreMods::kSoftcap) {
-      launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, false, stream);
+      launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, launch);
     } else if (p.has_dropout) {
-      launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, false, stream);
+      launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, launch);
     } else {
-      launch_backward_kernel<T, Tr, false, false, false, false, true, kOff>(tp, false, stream);
+      launch_backward_kernel<T, Tr, false, false, false, false, true, kOff>(tp, launch);
     }
   } else if (packed) {  // no bias (the validators refuse one)
-    p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, false, stream)
-                  : launch_backward_kernel<T, Tr, false, false, true>(tp, false, stream);
+    p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, launch)
+                  : launch_backward_kernel<T, Tr, false, false, true>(tp, launch);
   } else if (p.has_dropout) {
-    tiles  ? launch_backward_kernel<T, Tr, true, true, false, true>(tp, dbias_cross_cta, stream)
-    : bias ? launch_backward_kernel<T, Tr, true, true>(tp, dbias_cross_cta, stream)
-           : launch_backward_kernel<T, Tr, true, false>(tp, dbias_cross_cta, stream);
+    tiles  ? launch_backward_kernel<T, Tr, true, true, false, true>(tp, launch)
+    : bias ? launch_backward_kernel<T, Tr, true, true>(tp, launch)
+           : launch_backward_kernel<T, Tr, true, false>(tp, launch);
   } else {
-    tiles  ? launch_backward_kernel<T, Tr, false, true, false, true>(tp, dbias_cross_cta, stream)
-    : bias ? launch_backward_kernel<T, Tr, false, true>(tp, dbias_cross_cta, stream)
-           : launch_backward_kernel<T, Tr, false, false>(tp, dbias_cross_cta, stream);
+    tiles  ? launch_backward_kernel<T, Tr, false, true, false, true>(tp, launch)
+    : bias ? launch_backward_kernel<T, Tr, false, true>(tp, launch)
+           : launch_backward_kernel<T, Tr, false, false>(tp, launch);
   }
 
   // 4. dq (and a reduced dbias) in the output dtype.

@@ -36,7 +36,9 @@ struct BackwardTmaParams {
   int* dq_turn = nullptr;
   std::int64_t lq_pad = 0;  // m_blocks · kBlockM
   int m_blocks = 0;         // query blocks per (batch,) head in the workspace
-  // Added to blockIdx.x / blockIdx.y (launches of one CTA each, for a deterministic dbias).
+  // Dense grids (band, key blocks, B·Hkv / band) (common/block_order.h): CTA (x, y, z) takes key
+  // block y of (batch, kv head) z·band + x. Added to those: key_block_base and head_base
+  // (launches of one CTA each, for a deterministic dbias).
   int key_block_base = 0, head_base = 0;
   // Packed calls: the query tiles per head of the preprocess and dq conversion grids (the tile
   // scheduler's bound over cu_seqlens_q); the main kernel's grid is (key tiles, Hkv).

@@ -16,7 +16,7 @@ struct Family {
   static void forward(const ForwardParams& p, ElemType type, const DeviceCaps& dev,
                       cudaStream_t stream);
   static void backward(const BackwardParams& p, void* workspace, ElemType type,
-                       cudaStream_t stream);
+                       const DeviceCaps& dev, cudaStream_t stream);
 };
 
 // Whether this build compiled the sm90 kernels for sm_90a (else they are stubs).

@@ -23,8 +23,9 @@
 // named barriers hand the tensor cores from one consumer to the next in turn (ping-pong), so one
 // warpgroup's softmax runs under another's products. Key tiles are visited from the last to the
 // first, so the tiles that need masking (the causal diagonal, the end of the sequence) come first.
-// Work items of one batch·head are adjacent in the order, so the CTAs resident at a time share a
-// few heads' K and V in L2; within a head the heaviest query blocks (under a causal mask) first.
+// Work items of one batch·head are adjacent in the persistent order, so the CTAs resident at a
+// time share a few heads' K and V in L2; under a causal mask (one CTA per item) in bands of a few
+// heads, each walked query block by query block, heaviest first (common/block_order.h).
 //
 // Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md): an item visits only
 // the key tiles some row of its block sees (KeyMask::key_tile_range: [n_first, n_first + n_tiles)),
@@ -61,6 +62,7 @@
 #include <cstdint>
 
 #include "core/dropout_map.h"
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/dropout_frag.cuh"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
@@ -99,10 +101,12 @@ __device__ __forceinline__ void set_key_tiles(WorkItem& w, const ForwardParams& 
 }
 
 template <class Tr, bool kWindow>
-__device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int m_blocks, int index) {
+__device__ __forceinline__ WorkItem work_item(const ForwardParams& p, int m_blocks, int head_band,
+                                              int index) {
+  const GridBlock<int> block = banded_block<int>(index, m_blocks, head_band);
   WorkItem w;
-  w.bh = index / m_blocks;
-  w.m0 = static_cast<std::int64_t>(m_blocks - 1 - index % m_blocks) * Tr::kBlockM;
+  w.bh = block.head;
+  w.m0 = static_cast<std::int64_t>(m_blocks - 1 - block.position) * Tr::kBlockM;
   set_key_tiles<Tr, kWindow>(w, p, p.Lk, p.causal_shift);
   return w;
 }
@@ -276,7 +280,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   auto item_at = [&](int index) {
     return packed_call ? WorkItem{packed.bh, packed.m0, packed.n_tiles, packed.n_first}
-                       : work_item<Tr, kWindowCode>(p, m_blocks, index);
+                       : work_item<Tr, kWindowCode>(p, m_blocks, tp.head_band, index);
   };
 
   if (warpgroup == 0) {

@@ -5,26 +5,20 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
 #include "cuda/kernels/common/bias_row_repair.cuh"
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/sm90/fwd_kernel.cuh"
 #include "cuda/kernels/sm90/instances.h"
 #include "cuda/kernels/sm90/kernel_setup.h"
 #include "cuda/runtime/check.h"
 
 namespace memeff::cuda::sm90 {
-
-// Whether the work items' key tiles grow or shrink along the query blocks: a bound on one side of
-// the diagonal only (the causal mask, or a window's right side) moves the keys a block sees with
-// it; bounds on both sides, or none, keep their count.
-inline bool item_costs_vary(const ForwardParams& p) {
-  const bool right = is_causal(p) || p.mods.right_reach < ScoreMods::kUnbounded;
-  const bool left = p.mods.left_reach < ScoreMods::kUnbounded;
-  return right != left;
-}
 
 template <class T, class Tr, bool kDropout, BiasRead kBiasRead, bool kPacked = false,
           bool kMods = false>
@@ -50,13 +44,24 @@ void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
   // the current ones' tails and the resident CTAs keep sharing a few heads' K/V in L2. Under a
   // causal mask the items' costs differ, and one CTA per item lets the hardware hand the next
   // item to whichever SM frees up first (measured on the H200: the persistent grid lost 10-37% on
-  // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md). A window bounded on
-  // both sides (a causal one with a left bound) gives every item the same keys again but at the
-  // sequence's ends, so it takes the persistent grid too (by that reasoning; not measured yet).
-  const long long items = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM * p.B * p.Hq;
+  // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md), in bands of heads
+  // walked query block by query block (common/block_order.h; one CTA per SM: setmaxnreg's split
+  // takes the register file; a head's K and V, shared by the q heads of its group, are what its
+  // items share in L2). A window bounded on both sides (a causal one with a left bound) gives
+  // every item the same keys again but at the sequence's ends, so it takes the persistent grid
+  // too (by that reasoning; not measured yet).
+  const long long m_blocks = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM;
+  const long long items = m_blocks * p.B * p.Hq;
   const long long sms = multiprocessors > 0 ? multiprocessors : 1;
-  const long long ctas = !item_costs_vary(p) && items > sms ? sms : items;
-  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(params);
+  const bool vary = block_costs_vary(p);
+  const long long ctas = !vary && items > sms ? sms : items;
+  ForwardTmaParams tp = params;
+  if (vary) {
+    tp.head_band = static_cast<int>(
+        grid_band_heads(static_cast<std::int64_t>(p.B) * p.Hq, m_blocks, sms,
+                        p.Lk * (p.D + p.Dv) * std::int64_t{sizeof(T)} / std::max(p.group, 1)));
+  }
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(tp);
   check_launch("attention_forward_kernel launch");
 }
 

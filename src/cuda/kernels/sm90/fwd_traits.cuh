@@ -23,6 +23,10 @@ struct ForwardTmaParams {
   // per score from global memory).
   CUtensorMap bias;
   bool bias_tiles = false;
+  // Dense calls: work item `index` is (batch·head, query block) in the order of
+  // common/block_order.h over B·Hq heads of m_blocks query blocks (the last query block first),
+  // in bands of head_band heads (1: head by head; head_band divides B·Hq).
+  int head_band = 1;
 };
 
 // How a forward instantiation reads the bias (attention_forward_kernel's kBiasRead).

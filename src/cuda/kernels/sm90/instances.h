@@ -10,12 +10,13 @@
 
 namespace memeff::cuda::sm90 {
 
-// `multiprocessors`: the device's SM count, the persistent grid's size.
+// `multiprocessors`: the device's SM count, the persistent grid's size and the one the grids'
+// heaviest-first order plans with (common/block_order.h).
 template <class T, int kHeadDim>
 void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream);
 
 template <class T, int kHeadDim>
-void run_backward(BackwardTmaParams params, const BackwardWorkspace& workspace,
+void run_backward(BackwardTmaParams params, const BackwardWorkspace& workspace, int multiprocessors,
                   cudaStream_t stream);
 
 }  // namespace memeff::cuda::sm90

@@ -157,9 +157,8 @@ std::vector<std::string> Family::backward_reasons(const BackwardParams& p, const
         p.total_q / kBackwardMinBlockM + p.B > kMaxGridX) {
       reasons.push_back("the packed sequences' tiles exceed the grid's 2^31 - 1");
     }
-  } else if (static_cast<std::int64_t>(p.B) * p.Hkv > kMaxGridY) {
-    reasons.push_back("B·Hkv = " + std::to_string(static_cast<std::int64_t>(p.B) * p.Hkv) +
-                      " exceeds the grid's 65535 (batch, kv head) blocks");
+  } else {
+    add_dense_backward_grid_reasons(reasons, p, kBackwardBlockN);
   }
   if (p.Lq > kMaxTmaRows) {
     reasons.push_back("Lq = " + std::to_string(p.Lq) + " exceeds TMA's 32-bit coordinates");
@@ -175,7 +174,7 @@ std::size_t Family::backward_workspace_bytes(const BackwardParams& p) {
 }
 
 void Family::backward(const BackwardParams& params, void* workspace, ElemType type,
-                      cudaStream_t stream) {
+                      const DeviceCaps& dev, cudaStream_t stream) {
   if (params.B == 0 || params.Hq == 0 || params.Lq == 0 || params.Lk == 0) {
     throw Error(ErrorCode::internal,
                 "cuda_sm90 backward: empty problems are handled by the backend, not the kernels");
@@ -220,7 +219,7 @@ void Family::backward(const BackwardParams& params, void* workspace, ElemType ty
   if (!packed) tp.bias_tiles = encode_bias_tiles(tp.bias, params, bf16, 64);
   switch_instance(BackwardHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
-    run_backward<typename I::T, I::kHeadDim>(tp, ws, stream);
+    run_backward<typename I::T, I::kHeadDim>(tp, ws, dev.multiprocessors, stream);
   });
 }
 

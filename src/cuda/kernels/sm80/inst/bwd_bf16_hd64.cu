@@ -4,5 +4,5 @@
 #include "cuda/kernels/sm80/bwd_run.cuh"
 
 namespace memeff::cuda::sm80 {
-template void run_backward<__nv_bfloat16, 64>(BackwardParams, void*, cudaStream_t);
+template void run_backward<__nv_bfloat16, 64>(BackwardParams, void*, int, cudaStream_t);
 }  // namespace memeff::cuda::sm80

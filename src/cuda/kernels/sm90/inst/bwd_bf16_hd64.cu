@@ -4,6 +4,6 @@
 #include "cuda/kernels/sm90/bwd_run.cuh"
 
 namespace memeff::cuda::sm90 {
-template void run_backward<__nv_bfloat16, 64>(BackwardTmaParams, const BackwardWorkspace&,
+template void run_backward<__nv_bfloat16, 64>(BackwardTmaParams, const BackwardWorkspace&, int,
                                               cudaStream_t);
 }  // namespace memeff::cuda::sm90

@@ -4,5 +4,6 @@
 #include "cuda/kernels/sm90/bwd_run.cuh"
 
 namespace memeff::cuda::sm90 {
-template void run_backward<__half, 64>(BackwardTmaParams, const BackwardWorkspace&, cudaStream_t);
+template void run_backward<__half, 64>(BackwardTmaParams, const BackwardWorkspace&, int,
+                                       cudaStream_t);
 }  // namespace memeff::cuda::sm90
