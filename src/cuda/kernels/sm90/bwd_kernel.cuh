@@ -209,10 +209,14 @@ __device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
 // All take packed calls at run time (kPacked false), and their step computes P and dS in its own
 // code (the kMods branch of the main loop). The packed instantiations and those of bias tiles
 // take the window alone, behind tests of p.mods.flags the whole CTA takes alike.
+//
+// kAlibi: whether a modifiers' kernel has ALiBi's term. Two more per dtype and head dim, one per
+// dropout, have none (and no cap nor bias), for the dense windowed calls without ALiBi: with the
+// term computed for a slope of 0 their backward took 0.6-5.4% longer (H100, docs/benchmarks.md).
 enum class ModsCap { run_time, off, on };
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
-          bool kMods = false, ModsCap kCap = ModsCap::run_time>
+          bool kMods = false, ModsCap kCap = ModsCap::run_time, bool kAlibi = true>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
@@ -222,6 +226,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                  (kBias ? kDropout && kCap == ModsCap::run_time : kCap != ModsCap::run_time)),
       "the score-modifier kernels take packing (with a bias: dropout, the cap) at run time");
   static_assert(kMods || kCap == ModsCap::run_time, "the cap is the modifiers' kernels'");
+  static_assert(kAlibi || (kMods && !kBias && kCap == ModsCap::off),
+                "the kernels without ALiBi's term are the window's alone");
   // The modifiers' kernels with a bias or the cap: dropout as the params say.
   constexpr bool kRuntimeDropout = kMods && (kBias || kCap == ModsCap::on);
   static_assert(!kRuntimeDropout || kDropout, "run-time dropout is compiled with dropout");
@@ -573,9 +579,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const KeyMask mask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach};
       const bool cap = kCap == ModsCap::on ||
                        (kCap == ModsCap::run_time && (p.mods.flags & ScoreMods::kSoftcap) != 0);
-      const float slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
-      // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
-      const float diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
+      [[maybe_unused]] float slope = 0.0f, diagonal = 0.0f;
+      if constexpr (kAlibi) {
+        slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
+        // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
+        diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
+      }
       BiasColumns<T> bc;
       if (has_bias) {
         bc = bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
@@ -587,15 +596,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // has a cap); 0 where masked. A -inf bias masks the key whatever sv holds (mask.cuh).
       auto p_of = [&](int n, int r, float sv) {
         const int c = 8 * n + (r & 1), hh = r >> 1;
-        float x = sv * p.scale;
-        if (has_bias) {
-          const float entry = bc.per_key()
-                                  ? (c + 2 * t < bc.rows ? (hh ? bc.key_hi : bc.key_lo) : 0.0f)
-                                  : bc.at(c, t, hh);
-          x = fmaf(bias_safe_score(sv, score_limit), p.scale, entry);
+        float pv;
+        if constexpr (kAlibi) {
+          float x = sv * p.scale;
+          if (has_bias) {
+            const float entry = bc.per_key()
+                                    ? (c + 2 * t < bc.rows ? (hh ? bc.key_hi : bc.key_lo) : 0.0f)
+                                    : bc.at(c, t, hh);
+            x = fmaf(bias_safe_score(sv, score_limit), p.scale, entry);
+          }
+          x = fmaf(-slope, fabsf(diagonal + static_cast<float>(c - hh)), x);
+          pv = fast_exp2(fmaf(x, kLog2e, -lse_s[c + 2 * t]));
+        } else {  // the plain step's P (no bias, no cap)
+          pv = fast_exp2(fmaf(sv, p.scale_log2, -lse_s[c + 2 * t]));
         }
-        x = fmaf(-slope, fabsf(diagonal + static_cast<float>(c - hh)), x);
-        const float pv = fast_exp2(fmaf(x, kLog2e, -lse_s[c + 2 * t]));
         return c < lo[hh] || c >= hi[hh] ? 0.0f : pv;
       };
       wgmma_wait<1>();

@@ -29,10 +29,12 @@ struct BackwardLaunch {
 };
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
-          bool kBiasTiles = false, bool kMods = false, ModsCap kCap = ModsCap::run_time>
+          bool kBiasTiles = false, bool kMods = false, ModsCap kCap = ModsCap::run_time,
+          bool kAlibi = true>
 void launch_backward_kernel(BackwardTmaParams tp, const BackwardLaunch& launch) {
   const cudaStream_t stream = launch.stream;
-  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap>;
+  auto kernel =
+      attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap, kAlibi>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 backward kernel");
@@ -131,7 +133,8 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
   // ALiBi and the softcap run in the modifiers' kernels (bwd_kernel.cuh, kMods), dense or packed:
   // with a bias, the one that reads dropout, the bias and the cap at run time; without, one with
   // the cap (dropout at run time) and one per dropout without it. So does a dense window without
-  // a bias or with one read per score (the plain dense kernels have no window code).
+  // a bias or with one read per score (the plain dense kernels have no window code); alone (no
+  // bias, ALiBi or cap), in the kernels without ALiBi's term (kAlibi false).
   const int mods = p.mods.flags;
   const bool dense_window = (mods & ScoreMods::kWindow) && !packed && !tiles;
   if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) || dense_window) {
@@ -140,6 +143,11 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
       launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, launch);
     } else if (mods & ScoreMods::kSoftcap) {
       launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, launch);
+    } else if (!(mods & ScoreMods::kAlibi)) {  // the window alone
+      p.has_dropout
+          ? launch_backward_kernel<T, Tr, true, false, false, false, true, kOff, false>(tp, launch)
+          : launch_backward_kernel<T, Tr, false, false, false, false, true, kOff, false>(tp,
+                                                                                         launch);
     } else if (p.has_dropout) {
       launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, launch);
     } else {
