@@ -40,9 +40,9 @@ template <class Kernel>
 void opt_in_shared_memory(std::atomic<unsigned long long>& done, Kernel kernel, int bytes,
                           const char* name) {
   once_per_device(done, [&] {
-    check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-        (std::string("cudaFuncSetAttribute(") + name + ", max dynamic shared memory)").c_str());
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               (std::string("cudaFuncSetAttribute(") + name + ", max dynamic shared memory)")
+                   .c_str());
   });
 }
 

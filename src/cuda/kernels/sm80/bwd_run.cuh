@@ -48,8 +48,8 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
       band = static_cast<int>(grid_band_heads(
           heads, key_blocks, wave, p.group * p.Lq * (p.D + p.Dv) * std::int64_t{sizeof(T)}));
     }
-    kernel<<<dim3(band, key_blocks, heads / band), Tr::kThreads, Tr::kSmemBytes, stream>>>(p,
-                                                                                           extra);
+    const dim3 grid(band, key_blocks, heads / band);
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
     check_launch("attention_backward_kernel launch");
     return;
   }
