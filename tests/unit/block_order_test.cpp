@@ -78,5 +78,21 @@ TEST(GridOrder, BandIsTheNarrowestDivisorHoldingTwoWavesWithinTheL2Share) {
   EXPECT_EQ(grid_band_heads(4, 8, 0, kMiB), 1);  // no wave
 }
 
+// A backward grid's band: head by head where the key blocks cost alike (no causal mask), else
+// over the Q and dO of a kv head's group (here 4 query heads of 1024 rows of 64 + 64 halves).
+TEST(GridOrder, BackwardBandFollowsTheCausalMaskAndTheGroupsData) {
+  BackwardParams p;
+  p.B = 8;
+  p.Hq = 16;
+  p.Hkv = 4;
+  p.group = 4;
+  p.Lq = p.Lk = 1024;
+  p.D = p.Dv = 64;
+  EXPECT_EQ(backward_band_heads(p, 8, 132, 2), 1);
+  p.causal = Causal::top_left;
+  EXPECT_EQ(backward_band_heads(p, 8, 132, 2), grid_band_heads(32, 8, 132, 4 * 1024 * 128 * 2));
+  EXPECT_EQ(backward_band_heads(p, 8, 132, 2), 32);
+}
+
 }  // namespace
 }  // namespace memeff::cuda

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "core/hostdevice.h"
+#include "cuda/kernels/common/params.h"
 
 namespace memeff::cuda {
 
@@ -64,6 +65,16 @@ inline std::int64_t grid_band_heads(std::int64_t heads, std::int64_t per_head, s
     widest = d;
   }
   return widest;
+}
+
+// The band of a dense backward grid (B·Hkv heads of key_blocks blocks, `wave` CTAs at once,
+// elements of elem_bytes): 1 (head by head) where the key blocks cost alike; else
+// grid_band_heads over what each block of a head reads, the Q and dO of its kv head's group.
+inline int backward_band_heads(const BackwardParams& p, std::int64_t key_blocks, std::int64_t wave,
+                               int elem_bytes) {
+  if (!block_costs_vary(p)) return 1;
+  return static_cast<int>(grid_band_heads(static_cast<std::int64_t>(p.B) * p.Hkv, key_blocks, wave,
+                                          p.group * p.Lq * (p.D + p.Dv) * elem_bytes));
 }
 
 }  // namespace memeff::cuda

@@ -40,14 +40,10 @@ void launch_backward_dense(const BackwardParams& p, const BwdLaunchExtra& extra_
     // Where the key blocks' costs differ (the causal mask: block 0 sees every query block), bands
     // of heads walked key block by key block (common/block_order.h; each head's Q and dO are what
     // its blocks share in L2).
-    int band = 1;
-    if (block_costs_vary(p)) {
-      static std::atomic<int> per_sm{0};  // CTAs per SM (the first device's; a scheduling hint)
-      const std::int64_t wave = static_cast<std::int64_t>(std::max(multiprocessors, 1)) *
-                                resident_ctas_per_sm(per_sm, kernel, Tr::kThreads, Tr::kSmemBytes);
-      band = static_cast<int>(grid_band_heads(
-          heads, key_blocks, wave, p.group * p.Lq * (p.D + p.Dv) * std::int64_t{sizeof(T)}));
-    }
+    static std::atomic<int> per_sm{0};  // CTAs per SM (the first device's; a scheduling hint)
+    const std::int64_t wave = static_cast<std::int64_t>(std::max(multiprocessors, 1)) *
+                              resident_ctas_per_sm(per_sm, kernel, Tr::kThreads, Tr::kSmemBytes);
+    const int band = backward_band_heads(p, key_blocks, wave, sizeof(T));
     const dim3 grid(band, key_blocks, heads / band);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, extra);
     check_launch("attention_backward_kernel launch");

@@ -57,11 +57,8 @@ void launch_backward_kernel(BackwardTmaParams tp, const BackwardLaunch& launch) 
     // split takes the register file; each head's Q and dO are what its blocks share in L2). The
     // deterministic mode's turns stay in launch order: a head's key blocks start in ascending
     // order.
-    const int band = block_costs_vary(p)
-                         ? static_cast<int>(grid_band_heads(
-                               heads, key_blocks, std::max(launch.multiprocessors, 1),
-                               p.group * p.Lq * (p.D + p.Dv) * std::int64_t{sizeof(T)}))
-                         : 1;
+    const int band =
+        backward_band_heads(p, key_blocks, std::max(launch.multiprocessors, 1), sizeof(T));
     kernel<<<dim3(band, key_blocks, heads / band), Tr::kThreads, kSmem, stream>>>(tp);
     check_launch("attention_backward_kernel launch");
     return;
