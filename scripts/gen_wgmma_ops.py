@@ -6,7 +6,7 @@ generating them keeps the operand lists correct by construction. Rerun after cha
     python3 scripts/gen_wgmma_ops.py > src/cuda/kernels/sm90/wgmma_ops.cuh
 """
 
-SS_SHAPES = [64, 128]          # S = Q·Kᵀ: N = key-tile width, both operands from shared memory
+SS_SHAPES = [32, 64, 128]      # S = Q·Kᵀ (N = key-tile width) and the wide backward, operands in smem
 RS_SHAPES = [64, 96, 128, 256]  # O += P·V: N = head dim, P from registers
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 

@@ -60,10 +60,6 @@ class CudaBackward : public test::PerBackend {
     c.backend = GetParam();
     return c;
   }
-  // Whether this backend has a kernel for these head dims (the Hopper backward: up to 128).
-  bool runs_head_dims(std::int64_t D, std::int64_t Dv) const {
-    return GetParam() != "cuda_sm90" || (D <= 128 && Dv <= 128);
-  }
 };
 
 TEST_P(CudaBackward, AwkwardLengthsSquare) {
@@ -88,9 +84,6 @@ TEST_P(CudaBackward, HeadDims) {
                                   {256, 256}, {40, 72}, {128, 64}, {64, 200}};
   for (const auto& [D, Dv] : dims) {
     for (DType dtype : {DType::bf16, DType::f16}) {
-      // HopperBackwardByDefaultWhereItHasATile and HopperRefusesWhatItCannotRun check the
-      // Hopper backward's reason for head dims above 128.
-      if (!runs_head_dims(D, Dv)) continue;
       KernelCase c =
           make({.Lq = 97, .Lk = 150, .D = D, .Dv = Dv, .causal = kBottomRight, .dropout = 0.1});
       c.dtype = dtype;
@@ -285,27 +278,72 @@ TEST_P(CudaBackward, CausalGridsInBandsOfHeads) {
   }
 }
 
+// Head dims 129-256 (cuda_sm90: the wide tile, bwd_wide_kernel.cuh, 64 keys per CTA and 64
+// queries per step split between its warpgroups): many key and query blocks of each GQA head
+// with dropout under both causal alignments, head dims padded up to 256 (160, 192) and D != Dv,
+// odd lengths, fp16, and the deterministic mode bitwise repeatable.
+TEST_P(CudaBackward, WideHeadDims) {
+  std::uint64_t seed = 800;
+  for (CausalMode causal : {CausalMode::none, kTopLeft, kBottomRight}) {
+    KernelCase c = make({.B = 2, .Hq = 6, .Hkv = 2, .Lq = 300, .Lk = 270, .D = 256,
+                         .causal = causal, .dropout = causal == kTopLeft ? 0.0 : 0.1});
+    c.dtype = causal == kBottomRight ? DType::f16 : DType::bf16;
+    check_case(c, ++seed);
+  }
+  const std::int64_t dims[][2] = {{160, 160}, {192, 128}, {136, 256}};
+  for (const auto& [D, Dv] : dims) {
+    check_case(make({.Lq = 77, .Lk = 200, .D = D, .Dv = Dv, .causal = kTopLeft, .dropout = 0.2}),
+               ++seed);
+  }
+  KernelCase c = make(
+      {.B = 2, .Hq = 4, .Hkv = 1, .Lq = 330, .Lk = 260, .D = 256, .causal = kBottomRight});
+  c.dropout = 0.1;
+  c.deterministic = true;
+  SCOPED_TRACE(c.describe());
+  const BwdProblem pr(c, ++seed);
+  const Grads first = run_cuda(c, pr);
+  const Grads second = run_cuda(c, pr);
+  EXPECT_TRUE(bitwise_equal(first.dq, second.dq)) << "dq differs between runs";
+  EXPECT_TRUE(bitwise_equal(first.dk, second.dk)) << "dk differs between runs";
+  EXPECT_TRUE(bitwise_equal(first.dv, second.dv)) << "dv differs between runs";
+  expect_grads_match(c, first, pr.ref);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CudaBackward, ::testing::Values("cuda", "cuda_sm90"),
                          test::backend_name);
 
 // On compute capability 9.0 the default order runs the backward on cuda_sm90 where it has a
-// tile, and on the mma.sync kernels otherwise (head dims above 128), saying why.
+// tile (every head dim up to 256; above 128 the wide tile, without a bias), and on the mma.sync
+// kernels otherwise, saying why.
 TEST(CudaBackwardDispatch, HopperBackwardByDefaultWhereItHasATile) {
   if (!test::cuda_device_is_sm90()) GTEST_SKIP() << "needs compute capability 9.0";
   for (std::int64_t D : {64, 96, 128, 256}) {
-    const KernelCase c{.Lq = 130, .Lk = 130, .D = D, .dropout = 0.1};
-    const BwdProblem pr(c, 1);
-    DeviceTensor q(pr.in.q), k(pr.in.k), v(pr.in.v), dout(*pr.in.dout), o(pr.out), lse(pr.ref.lse);
-    HostTensor hq(c.dtype, {c.B, c.Hq, c.Lq, c.D}), hk(c.dtype, {c.B, c.Hkv, c.Lk, c.D}),
-        hv(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()});
-    DeviceTensor dq(hq), dk(hk), dv(hv);
-    const AttentionArgs args = c.args(q.view, k.view, v.view, std::nullopt);
-    const CallInfo info =
-        backward(args, {dout.view, o.view, lse.view, dq.view, dk.view, dv.view, {}});
-    EXPECT_EQ(info.backend, D <= 128 ? "cuda_sm90" : "cuda") << "D = " << D;
-    if (D > 128) {
-      const std::string text = explain(args, Pass::backward).to_string();
-      EXPECT_NE(text.find("up to 128"), std::string::npos) << text;
+    for (bool with_bias : {false, true}) {
+      KernelCase c{.Lq = 130, .Lk = 130, .D = D, .dropout = 0.1};
+      if (with_bias) c.bias = "b11k";
+      const BwdProblem pr(c, 1);
+      DeviceTensor q(pr.in.q), k(pr.in.k), v(pr.in.v), dout(*pr.in.dout), o(pr.out),
+          lse(pr.ref.lse);
+      std::optional<DeviceTensor> bias;
+      if (with_bias) bias.emplace(*pr.in.bias);
+      HostTensor hq(c.dtype, {c.B, c.Hq, c.Lq, c.D}), hk(c.dtype, {c.B, c.Hkv, c.Lk, c.D}),
+          hv(c.dtype, {c.B, c.Hkv, c.Lk, c.dv()});
+      DeviceTensor dq(hq), dk(hk), dv(hv);
+      const AttentionArgs args =
+          c.args(q.view, k.view, v.view,
+                 bias ? std::optional<TensorView>(bias->view) : std::nullopt);
+      std::optional<DeviceTensor> dbias;
+      if (with_bias) dbias.emplace(HostTensor(c.bias_dtype, c.bias_shape()));
+      const CallInfo info = backward(
+          args, {dout.view, o.view, lse.view, dq.view, dk.view, dv.view,
+                 dbias ? std::optional<TensorView>(dbias->view) : std::nullopt});
+      const bool hopper = D <= 128 || !with_bias;
+      EXPECT_EQ(info.backend, hopper ? "cuda_sm90" : "cuda") << "D = " << D << " bias "
+                                                             << with_bias;
+      if (!hopper) {
+        const std::string text = explain(args, Pass::backward).to_string();
+        EXPECT_NE(text.find("wide tile, which takes no bias"), std::string::npos) << text;
+      }
     }
   }
 }
@@ -384,14 +422,48 @@ TEST(CudaBackwardReasons, DenseGridsHoldAtMost65535KeyBlocks) {
   }
 }
 
+// The wide tile (head dims 129-256) takes the plain dense step only: a bias, a score modifier or
+// packed sequences are refused by name (the `cuda` backend runs them); its key blocks are 64
+// keys, so a dense grid's bound is 65535·64 keys.
+TEST(CudaBackwardReasons, WideTileTakesThePlainDenseStepOnly) {
+  if (!cuda::sm90::kernels_built()) GTEST_SKIP() << "no sm_90a code in this build";
+  cuda::BackwardParams p = one_head_params(160, 256);
+  EXPECT_TRUE(cuda::sm90::Family::backward_reasons(p, {9, 0}).empty());
+  auto all = [&] {
+    std::string text;
+    for (const std::string& r : cuda::sm90::Family::backward_reasons(p, {9, 0})) text += r + "\n";
+    return text;
+  };
+  float bias = 0.0f;
+  p.bias = &bias;
+  EXPECT_NE(all().find("head dims above 128 (D = 160, Dv = 256) run on the wide tile, which takes "
+                       "no bias"),
+            std::string::npos)
+      << all();
+  p.bias = nullptr;
+  p.dbias_shape[0] = p.dbias_shape[1] = 1;  // params from the problem alone: its dbias's shape
+  p.dbias_shape[2] = 16;
+  EXPECT_NE(all().find("takes no bias"), std::string::npos) << all();
+  p.dbias_shape[0] = p.dbias_shape[1] = p.dbias_shape[2] = 0;
+  p.mods.flags = cuda::ScoreMods::kAlibi;
+  EXPECT_NE(all().find("takes no window, ALiBi or softcap"), std::string::npos) << all();
+  p.mods.flags = 0;
+  p.Lk = std::int64_t{65535} * 64;
+  EXPECT_TRUE(cuda::sm90::Family::backward_reasons(p, {9, 0}).empty()) << all();
+  p.Lk += 1;
+  EXPECT_NE(all().find("65535 key blocks of 64 keys"), std::string::npos) << all();
+  p.D = p.Dv = 128;  // the 128-key tile
+  EXPECT_TRUE(cuda::sm90::Family::backward_reasons(p, {9, 0}).empty()) << all();
+}
+
 TEST(CudaBackwardReasons, HopperRefusesWhatItCannotRun) {
-  cuda::BackwardParams p = one_head_params(64, 256);
+  cuda::BackwardParams p = one_head_params(64, 264);
   std::vector<std::string> reasons = cuda::sm90::Family::backward_reasons(p, {8, 0});
   ASSERT_GE(reasons.size(), 2u);
   std::string all;
   for (const std::string& r : reasons) all += r + "\n";
   EXPECT_NE(all.find("9.0"), std::string::npos) << all;
-  EXPECT_NE(all.find("Dv = 256"), std::string::npos) << all;
+  EXPECT_NE(all.find("Dv = 264"), std::string::npos) << all;
   p.Dv = 64;
   if (cuda::sm90::kernels_built()) {
     EXPECT_TRUE(cuda::sm90::Family::backward_reasons(p, {9, 0}).empty());

@@ -1,13 +1,13 @@
 // Sliding windows, ALiBi and softcapping on both fused kernel families (docs/window.md), the
 // Hopper kernels (cuda_sm90) and the mma.sync ones (cuda), against the double-precision reference
 // on the same rounded inputs and dropout mask, forward and backward (the backward for the head
-// dims each has: cuda_sm90 up to 128, cuda up to 256): every causal alignment with windows that
+// dims each has with these: cuda_sm90 up to 128, cuda up to 256): every causal alignment with windows that
 // cut tiles unevenly, windows wider than the sequence, zero-width ones, rows left without a key;
 // ALiBi per head and per batch; the softcap alone and with each way the kernels read a bias (and
 // its gradient); all of them with dropout, GQA, both dtypes and every head dim; the deterministic
 // backward with a window; a narrow window over long sequences against the reference (its speed
-// is the benchmark's, docs/benchmarks.md); and head dim 256, whose backward only cuda has (16
-// queries per step). Packed sequences and global coordinates have theirs in cuda_packed_test.cpp
+// is the benchmark's, docs/benchmarks.md); and head dim 256, whose backward with these only cuda
+// has (16 queries per step). Packed sequences and global coordinates have theirs in cuda_packed_test.cpp
 // and cuda_global_coordinates_test.cpp.
 #include <gtest/gtest.h>
 
@@ -42,7 +42,8 @@ class CudaWindow : public test::PerBackend {
     c.backend = GetParam();
     return c;
   }
-  // The largest head dim of the backend's backward: cuda_sm90's stops at 128, cuda's at 256.
+  // The largest head dim of the backend's backward with a window, ALiBi or a softcap: cuda_sm90's
+  // stops at 128 (its wide tile for 129-256 takes none of them), cuda's at 256.
   static std::int64_t backward_head_dims(const KernelCase& c) {
     return c.backend == "cuda_sm90" ? 128 : 256;
   }
@@ -277,7 +278,7 @@ TEST_P(CudaWindow, NarrowWindowOnLongSequencesMatchesTheReference) {
   check(c, 141);
 }
 
-// Head dim 256, whose backward only cuda has (64 keys by 16 queries a step, so a window cuts
+// Head dim 256, whose backward with a window only cuda has (64 keys by 16 queries a step, so a window cuts
 // many query blocks of a key block): windows that cut the steps unevenly under each alignment,
 // with dropout, ALiBi, a softcap and a bias with its gradient; then a zero-width window, whose
 // rows see one key each: dq, dk and dbias (summed over the batch) exactly 0 and dv the rows'

@@ -62,20 +62,23 @@ __global__ void bwd_preprocess_packed_kernel(BackwardParams p, float* lse_log2, 
 // f·128 + thread is the thread's accumulators of n8 tile f, rows 16·warp + g and + 8, columns
 // 8f + 2t and + 1 (thread = 32·warp + 4g + t). One thread's unit is (f, warp, g): the four
 // consecutive float4s of t = 0..3, i.e. 8 columns of two rows. A block of 256 threads converts
-// one warpgroup block; grid (2·m_blocks, heads), heads past 65535 looped.
+// one warpgroup block; grid (2·m_blocks, heads), heads past 65535 looped. The wide tile
+// (kChunks = 4, BwdWideTraits) has four 64 x 64 blocks per query block, by head-dim columns, in
+// the same order: grid (4·m_blocks, heads).
 //
 // Packed calls (kPacked): grid (2·query tiles, heads); x / 2 is a tile of the scheduler over the
 // sequences' kBlockM-row blocks (each warp finds it), read from the sequence's workspace blocks
 // (packed_block0) and written to its packed rows; rows past its end are never written.
-template <class T, int kBlockM, bool kSplitRows, bool kPacked = false>
+template <class T, int kBlockM, bool kSplitRows, bool kPacked = false, int kChunks = 2>
 __global__ void bwd_convert_dq_kernel(BackwardParams p, const float* dq_accum, int m_blocks,
                                       float dq_scale) {
-  const int wg = static_cast<int>(blockIdx.x) & 1;
+  static_assert(kChunks == 2 || (!kSplitRows && !kPacked), "four chunks: by columns, dense");
+  const int wg = static_cast<int>(blockIdx.x) % kChunks;  // the block's chunk
   const int f = static_cast<int>(threadIdx.x) >> 5, warp = (threadIdx.x >> 3) & 3,
             g = threadIdx.x & 7;
   const int col = (kSplitRows ? 0 : 64 * wg) + 8 * f;
   if (col >= p.D) return;  // whole warps (f is the warp): the scheduler's scan below stays whole
-  int m = static_cast<int>(blockIdx.x) >> 1;
+  int m = static_cast<int>(blockIdx.x) / kChunks;
   std::int64_t Lq = p.Lq, q0 = 0, block0 = 0;  // the sequence (dense: the batch entry)
   if constexpr (kPacked) {
     const VarlenTile tile = varlen_tile(p.cu_seqlens_q, p.B, p.total_q, p.Lq, kBlockM, m);
@@ -91,7 +94,8 @@ __global__ void bwd_convert_dq_kernel(BackwardParams p, const float* dq_accum, i
   const int heads = kPacked ? p.Hq : p.B * p.Hq;
   for (int bh = static_cast<int>(blockIdx.y); bh < heads; bh += static_cast<int>(gridDim.y)) {
     const int h = bh % p.Hq, b = bh / p.Hq;
-    const std::int64_t block = (static_cast<std::int64_t>(bh) * m_blocks + block0 + m) * 2 + wg;
+    const std::int64_t block =
+        (static_cast<std::int64_t>(bh) * m_blocks + block0 + m) * kChunks + wg;
     const float4* src =
         reinterpret_cast<const float4*>(dq_accum + block * 64 * 64) + (f * 128 + 32 * warp + 4 * g);
     float4 v[4];

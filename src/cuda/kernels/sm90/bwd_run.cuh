@@ -28,6 +28,25 @@ struct BackwardLaunch {
   cudaStream_t stream = nullptr;
 };
 
+// What every key block adds into, zeroed: the dq accumulator and, in the deterministic mode, the
+// turn counters.
+inline void zero_dq_accumulators(const BackwardTmaParams& tp, const BackwardWorkspace& ws,
+                                 cudaStream_t stream) {
+  check_cuda(
+      cudaMemsetAsync(tp.p.dq_accum, 0, static_cast<std::size_t>(ws.dq_accum_floats) * 4, stream),
+      "cudaMemsetAsync(dq accumulator)");
+  if (tp.p.deterministic) {
+    check_cuda(cudaMemsetAsync(tp.dq_turn, 0, static_cast<std::size_t>(ws.dq_turns) * 4, stream),
+               "cudaMemsetAsync(dq turn counters)");
+  }
+}
+
+// The preprocess's factor on delta: with dropout delta is divided by keep_scale (times the keep
+// probability t/256, exactly), as the main kernels want it.
+inline float delta_scale_of(const BackwardParams& p) {
+  return p.has_dropout ? static_cast<float>(p.keep_threshold) / 256.0f : 1.0f;
+}
+
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
           bool kBiasTiles = false, bool kMods = false, ModsCap kCap = ModsCap::run_time,
           bool kAlibi = true>
@@ -87,13 +106,7 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
   // 1. Zeroed accumulators: dq (every key block adds into it), the deterministic turn counters,
   //    a reduced dbias, and dbias itself where it is written tile by tile (causally skipped
   //    tiles are never visited).
-  check_cuda(
-      cudaMemsetAsync(p.dq_accum, 0, static_cast<std::size_t>(ws.dq_accum_floats) * 4, stream),
-      "cudaMemsetAsync(dq accumulator)");
-  if (p.deterministic) {
-    check_cuda(cudaMemsetAsync(tp.dq_turn, 0, static_cast<std::size_t>(ws.dq_turns) * 4, stream),
-               "cudaMemsetAsync(dq turn counters)");
-  }
+  zero_dq_accumulators(tp, ws, stream);
   if (ws.dbias.mode == DbiasMode::reduced) {
     check_cuda(cudaMemsetAsync(tp.dbias_accum, 0,
                                static_cast<std::size_t>(ws.dbias.accum_elems) * 4, stream),
@@ -103,7 +116,7 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
 
   // 2. delta and lse·log2(e), padded to whole query blocks. With dropout delta is divided by
   //    keep_scale (times the keep probability t/256, exactly), as the main kernel wants it.
-  const float delta_scale = p.has_dropout ? static_cast<float>(p.keep_threshold) / 256.0f : 1.0f;
+  const float delta_scale = delta_scale_of(p);
   const unsigned head_blocks = static_cast<unsigned>(std::min(heads, kMaxGridY));
   // Packed: the query tiles of the scheduler (the whole padded workspace blocks of each tile).
   const unsigned q_tiles = static_cast<unsigned>(tp.packed_q_tiles);

@@ -128,11 +128,77 @@ struct BwdConfig<128> {
   using Traits = BwdTraits<128, 64>;
 };
 
-using BackwardHeadDims = HeadDims<64, 128>;
+// The wide tile, head dims 129-256 (bucket 256; bwd_wide_kernel.cuh): 64 keys per CTA, 64 queries
+// per step. dK and dV of 64 keys by 256 columns take 256 fp32 registers a thread in one
+// warpgroup, so the two consumer warpgroups split them by head-dim halves (128 columns each) and
+// split Sᵀ and dPᵀ by query halves (64 keys x 32 queries each); Pᵀ∘Z and dSᵀ meet in shared
+// memory, where the dV, dK and dQ products read them as their A operands. dQ (64 queries x 256)
+// goes to the fp32 workspace by vector atomics straight from the accumulators (no staging
+// buffer: shared memory holds K, V, two Q/dO stages and two Pᵀ/dSᵀ buffers, 226 KiB).
+struct BwdWideTraits {
+  static constexpr int kHeadDim = 256;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 64;
+  static constexpr int kConsumers = 2;
+  static constexpr int kStages = 2;  // Q/dO/lse/delta ring depth
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kDBlocks = kHeadDim / 64;  // 64-column (128-byte) smem blocks
+  static constexpr int kHalfQueries = kBlockM / 2;  // a warpgroup's queries of Sᵀ and dPᵀ
+  static constexpr int kNT = kHalfQueries / 8;      // n8 tiles of a warpgroup's Sᵀ row
+  static constexpr int kHalfDT = kHeadDim / 2 / 8;  // n8 tiles of a warpgroup's dK, dV, dQ
+  static constexpr int kSdPSteps = kHeadDim / 16;   // k16 steps of Sᵀ and dPᵀ (head dim)
+  static constexpr int kKVSteps = kBlockM / 16;     // k16 steps of dV and dK (queries)
+  static constexpr int kDqSteps = kBlockN / 16;     // k16 steps of dQ (keys)
+  static constexpr int kDqChunks = kBlockM * kHeadDim / (64 * 64);  // 64 x 64 workspace chunks
+  // Shared memory (bytes), each buffer 1024-byte aligned for the 128-byte swizzle:
+  static constexpr int kQBlockBytes = kBlockM * 128;  // 64 columns of a Q or dO tile
+  static constexpr int kKVBlockBytes = kBlockN * 128;
+  static constexpr int kQBytes = kDBlocks * kQBlockBytes;    // one Q (or dO) stage
+  static constexpr int kKVBytes = kDBlocks * kKVBlockBytes;  // K (or V)
+  static constexpr int kPBytes = kBlockN * kBlockM * 2;      // Pᵀ or dSᵀ [key row][64 queries]
+  static constexpr int kStatBytes = kHalfQueries * 4;        // a warpgroup's lse or delta
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKVBytes;
+  static constexpr int kOffQ = kOffV + kKVBytes;             // kStages buffers
+  static constexpr int kOffDo = kOffQ + kStages * kQBytes;   // kStages buffers
+  static constexpr int kOffP = kOffDo + kStages * kQBytes;   // 2 buffers (steps)
+  static constexpr int kOffDs = kOffP + 2 * kPBytes;         // 2 buffers (steps)
+  // Per consumer, two buffers (steps) of lse·log2(e) and delta.
+  static constexpr int kOffStats = kOffDs + 2 * kPBytes;
+  static constexpr int kOffBar = kOffStats + kConsumers * 2 * 2 * kStatBytes;
+  static constexpr int kBarriers = 2 * kStages;  // full / empty per stage
+  static constexpr int kSmemBytes = 1024 + kOffBar + 8 * kBarriers;
+  // After the main loop the Q buffers hold dK and dV (kHeadDim columns, 16-byte chunks swizzled
+  // by row) on their way to global memory.
+  static constexpr int kOutBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // Named barrier ids: 0 is __syncthreads; 1 both consumer warpgroups (Pᵀ and dSᵀ complete, K/V
+  // loaded); 2 + w warpgroup w's deterministic dQ turn; 4 + w its lse/delta buffers.
+  static constexpr int kConsumerBarrier = 1;
+  static constexpr int kDqBarrier = 2;
+  static constexpr int kStatBarrier = 4;
+  static_assert(kBlockN == 64, "one 64-key block of the dropout map per CTA, in K's row order");
+  static_assert(kNT == 4, "the keep-bit exchange of the wide tile is for 32 queries a warpgroup");
+  static_assert(2 * kOutBytes <= kStages * kQBytes, "dK and dV staging fits the Q buffers");
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
+                "setmaxnreg split exceeds the registers allocated at launch");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+  static_assert(2 * kStatBytes / 16 <= 32, "lse/delta copies fill part of warp 1");
+};
+
+using BackwardHeadDims = HeadDims<64, 128, 256>;
 
 constexpr int backward_block_m(int bucket) {
-  return bucket == 64 ? BwdConfig<64>::Traits::kBlockM
-                      : (bucket == 128 ? BwdConfig<128>::Traits::kBlockM : 0);
+  return bucket == 64    ? BwdConfig<64>::Traits::kBlockM
+         : bucket == 128 ? BwdConfig<128>::Traits::kBlockM
+         : bucket == 256 ? BwdWideTraits::kBlockM
+                         : 0;
+}
+// The keys per CTA (a dense grid's key blocks): 128, or 64 for the wide tile.
+constexpr int backward_block_n(int bucket) {
+  return bucket == 256 ? BwdWideTraits::kBlockN : 128;
 }
 inline constexpr int kBackwardBlockN = 128;
 // The fewest queries per step of any bucket (the bound on a packed call's query tiles).

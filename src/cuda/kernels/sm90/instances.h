@@ -19,4 +19,9 @@ template <class T, int kHeadDim>
 void run_backward(BackwardTmaParams params, const BackwardWorkspace& workspace, int multiprocessors,
                   cudaStream_t stream);
 
+// The wide tile, head-dim bucket 256 (bwd_wide_run.cuh).
+template <class T>
+void run_backward_wide(BackwardTmaParams params, const BackwardWorkspace& workspace,
+                       int multiprocessors, cudaStream_t stream);
+
 }  // namespace memeff::cuda::sm90

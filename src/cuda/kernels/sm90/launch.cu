@@ -158,7 +158,17 @@ std::vector<std::string> Family::backward_reasons(const BackwardParams& p, const
       reasons.push_back("the packed sequences' tiles exceed the grid's 2^31 - 1");
     }
   } else {
-    add_dense_backward_grid_reasons(reasons, p, kBackwardBlockN);
+    add_dense_backward_grid_reasons(reasons, p, backward_block_n(backward_bucket(p)));
+  }
+  if (backward_bucket(p) == BwdWideTraits::kHeadDim) {
+    // The wide tile (bwd_wide_kernel.cuh) has the plain dense step only.
+    const std::string dims = "head dims above 128 (D = " + std::to_string(p.D) +
+                             ", Dv = " + std::to_string(p.Dv) + ") run on the wide tile, which ";
+    // A bias: its pointer with views; params from the problem alone (dispatch) have its dbias
+    // shape instead.
+    if (p.bias != nullptr || p.dbias_shape[0] > 0) reasons.push_back(dims + "takes no bias");
+    if (p.mods.flags != 0) reasons.push_back(dims + "takes no window, ALiBi or softcap");
+    if (packed_layout(p)) reasons.push_back(dims + "takes no packed sequences");
   }
   if (p.Lq > kMaxTmaRows) {
     reasons.push_back("Lq = " + std::to_string(p.Lq) + " exceeds TMA's 32-bit coordinates");
@@ -219,7 +229,11 @@ void Family::backward(const BackwardParams& params, void* workspace, ElemType ty
   if (!packed) tp.bias_tiles = encode_bias_tiles(tp.bias, params, bf16, 64);
   switch_instance(BackwardHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
-    run_backward<typename I::T, I::kHeadDim>(tp, ws, dev.multiprocessors, stream);
+    if constexpr (I::kHeadDim == BwdWideTraits::kHeadDim) {
+      run_backward_wide<typename I::T>(tp, ws, dev.multiprocessors, stream);
+    } else {
+      run_backward<typename I::T, I::kHeadDim>(tp, ws, dev.multiprocessors, stream);
+    }
   });
 }
 

@@ -16,6 +16,23 @@ template <class T, int N>
 struct Wgmma;
 
 template <>
+struct Wgmma<__nv_bfloat16, 32> {
+  // D (+)= A·B, A [64 x 16] and B [32 x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
+  __device__ static __forceinline__ void ss(float (&d)[4][4], std::uint64_t desc_a,
+                                            std::uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, "
+        "p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+  }
+};
+
+template <>
 struct Wgmma<__nv_bfloat16, 64> {
   // D (+)= A·B, A [64 x 16] and B [64 x 16] in shared memory (descriptors): K-major, or M-major
   // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
@@ -157,6 +174,23 @@ struct Wgmma<__nv_bfloat16, 256> {
           "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
           "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+  }
+};
+
+template <>
+struct Wgmma<__half, 32> {
+  // D (+)= A·B, A [64 x 16] and B [32 x 16] in shared memory (descriptors): K-major, or M-major
+  // (kTransA = 1) / N-major (kTransB = 1) for the 16-bit types.
+  template <int kTransA, int kTransB>
+  __device__ static __forceinline__ void ss(float (&d)[4][4], std::uint64_t desc_a,
+                                            std::uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, "
+        "p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
   }
 };
 
