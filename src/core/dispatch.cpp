@@ -141,13 +141,14 @@ HeuristicOrder default_order(const Problem& problem, Pass pass) {
   HeuristicOrder h;
   if (problem.device.type == DeviceType::cuda) {
     // The Hopper-native kernels ("cuda_sm90": TMA, wgmma, warp specialization) lead where they
-    // run (compute capability 9.0; the backward for head dims up to 128); then the fused mma.sync
-    // kernels ("cuda"), which never materialize Lq×Lk and beat cuda_math on every shape measured,
-    // down to 32×32 scores (docs/benchmarks.md: 0.011 ms against cuda_math's 0.143 ms forward on
-    // the H200). cuda_math (cuBLAS + softmax kernel, fp32 Lq×Lk buffers) is the fallback for what
-    // the fused kernels refuse (fp32 inputs, head dims they do not instantiate, misaligned
-    // strides). The split-KV forward ("cuda_splitkv", forward only) leads for decode-like forwards
-    // and is last otherwise. MEMEFF_AUTOTUNE=1 measures each shape instead.
+    // run (compute capability 9.0; above head dim 128 the backward without a bias or modifiers);
+    // then the fused mma.sync kernels ("cuda"), which never materialize Lq×Lk and beat cuda_math
+    // on every shape measured, down to 32×32 scores (docs/benchmarks.md: 0.011 ms against
+    // cuda_math's 0.143 ms forward on the H200). cuda_math (cuBLAS + softmax kernel, fp32 Lq×Lk
+    // buffers) is the fallback for what the fused kernels refuse (fp32 inputs, head dims they do
+    // not instantiate, misaligned strides). The split-KV forward ("cuda_splitkv", forward only)
+    // leads for decode-like forwards and is last otherwise. MEMEFF_AUTOTUNE=1 measures each shape
+    // instead.
     h.order = {"cuda_sm90", "cuda", "cuda_math"};
     h.why = "Hopper kernels first, then the mma.sync kernels, cuda_math as the fallback";
     std::string split_why;

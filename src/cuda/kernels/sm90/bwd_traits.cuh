@@ -104,7 +104,8 @@ struct BwdTraits {
   static constexpr int kDqBarrier = 2;
   static constexpr int kStatBarrier = 4;
   static constexpr int kBiasBarrier = 6;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head-dim buckets 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128,
+                "head-dim buckets 64 and 128 (256: BwdWideTraits)");
   static_assert(kBlockM * kHeadDim == 2 * 64 * 64, "each consumer computes a 64 x 64 dQ block");
   static_assert(2 * kOutBytes <= kOffDq - kOffQ, "dK and dV staging fits the Q/dO/dS buffers");
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
