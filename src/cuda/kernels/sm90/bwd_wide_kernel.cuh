@@ -62,17 +62,14 @@ __device__ __forceinline__ std::uint32_t wide_kept_mask(std::uint32_t keep, int 
 
 // dQ of one step (a consumer's 64 queries x 128 columns, chunks 2w and 2w + 1 of the query
 // block's four) added to the workspace: float4 number f·128 + thread of a chunk holds n8 tile f
-// of that chunk (bwd_convert_dq_kernel's order), by 16-byte reductions (red.global.add.v4.f32,
-// sm_90: atomicAdd on a float4 compiles to an atom that returns the old values).
+// of that chunk (bwd_convert_dq_kernel's order), by 16-byte reductions (red_add_f32x4).
 template <int kHalfDT>
 __device__ __forceinline__ void add_dq_fragments(float* chunks, const float (&dq)[kHalfDT][4],
                                                  int ctid) {
 #pragma unroll
   for (int j = 0; j < kHalfDT; ++j) {
     float* dst = chunks + (j / 8) * (64 * 64) + ((j % 8) * 128 + ctid) * 4;
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(dq[j][0]),
-                 "f"(dq[j][1]), "f"(dq[j][2]), "f"(dq[j][3])
-                 : "memory");
+    red_add_f32x4(dst, dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
   }
 }
 

@@ -87,6 +87,14 @@ template <int kPending>
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
 }
+// Adds four fp32 values to dst[0..3] (16-byte aligned global memory) in one reduction performed
+// in L2, returning nothing (sm_90; atomicAdd on a float4 compiles to an atom that returns the old
+// values into registers).
+__device__ __forceinline__ void red_add_f32x4(float* dst, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+}
 // Orders this thread's ordinary shared-memory writes before later asynchronous-proxy accesses
 // (wgmma operand reads, bulk copies) of the same memory.
 __device__ __forceinline__ void fence_proxy_async_smem() {
