@@ -8,11 +8,12 @@
 // per step they compute
 //   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ  (wgmma, both operands in shared memory),
 //   Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e), dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta)   (registers),
-//   dV += (Pᵀ ∘ Z)·dO and dK += dSᵀ·Q  (wgmma with Pᵀ and dSᵀ from registers),
+//   dV += (Pᵀ ∘ Z)·dO  (wgmma with Pᵀ from registers),
 // write dSᵀ to shared memory and, once both warpgroups have, dQ = dS·K for their 64 x 64 half of
-// the step's dQ (wgmma, dS read M-major), which goes through shared memory into the fp32
-// workspace by one bulk reduce-add per warpgroup and step. dK and dV stay in registers until
-// the end and are written once (summed over the query heads of a GQA group).
+// the step's dQ (wgmma, dS read M-major), then dK += dSᵀ·Q (dSᵀ from registers). dQ goes into
+// the fp32 workspace by 16-byte reductions straight from the accumulators, issued while the
+// tensor cores run dK. dK and dV stay in registers until the end and are written once (summed
+// over the query heads of a GQA group).
 //
 // Dropout in the Sᵀ orientation, from the documented map (docs/dropout.md) so the mask is the
 // forward's and the reference's bit for bit. The rows of K and V are loaded permuted inside each
@@ -96,6 +97,55 @@ __device__ __forceinline__ std::uint32_t transpose_nibbles8(std::uint32_t w, int
     w = (upper ? (w & ~low) : (w & low)) | recv;
   }
   return w;
+}
+
+// A consumer warpgroup's dQ of one step, kHalfDT / 8 blocks of 64 x 64 (wgmma accumulators, n8
+// tile j of block j / 8), added to the workspace chunks from `chunks` on: float4 number f·128 +
+// thread of a chunk holds n8 tile f of that chunk (bwd_convert_dq_kernel's order), by 16-byte
+// reductions (red_add_f32x4) issued straight from the registers.
+template <int kHalfDT>
+__device__ __forceinline__ void add_dq_fragments(float* chunks, const float (&dq)[kHalfDT][4],
+                                                 int ctid) {
+#pragma unroll
+  for (int j = 0; j < kHalfDT; ++j) {
+    float* dst = chunks + (j / 8) * (64 * 64) + ((j % 8) * 128 + ctid) * 4;
+    red_add_f32x4(dst, dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+  }
+}
+
+// A step's dQ epilogue: a consumer warpgroup's dQ (add_dq_fragments) into the workspace chunks
+// from `chunks` on. In the deterministic mode the key blocks that add into a chunk take turns on
+// its counter `turn`: thread 0 waits until the counter reads `my_turn` (with at_least: until it
+// has reached it, for counters that may skip a turn), the warpgroup adds, makes its reductions
+// visible, and thread 0 moves the counter past its turn. `barrier`: the warpgroup's named barrier.
+template <int kHalfDT>
+__device__ __forceinline__ void add_dq_in_turn(float* chunks, const float (&dq)[kHalfDT][4],
+                                               bool deterministic, int* turn, int my_turn,
+                                               bool at_least, int barrier, int ctid) {
+  if (deterministic) {
+    if (ctid == 0) {
+      if (at_least) {
+        while (ld_acquire(turn) < my_turn) {
+        }
+      } else {
+        while (ld_acquire(turn) != my_turn) {
+        }
+      }
+    }
+    named_bar_sync(barrier, 128);
+  }
+  add_dq_fragments(chunks, dq, ctid);
+  if (deterministic) {
+    __threadfence();
+    named_bar_sync(barrier, 128);
+    if (ctid == 0) {
+      if (at_least) {
+        red_release_max(turn, my_turn + 1);
+      } else {
+        st_release(turn, my_turn + 1);
+      }
+    }
+  }
 }
 
 // The key (within the CTA's kBlockN) held by shared-memory row `row` of K and V: inside each
@@ -506,7 +556,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const DbiasMode dbias_mode = has_bias ? tp.dbias_mode : DbiasMode::none;
   const std::int64_t bias_b = has_bias ? b * p.bias_stride.b : 0;
   const float score_limit = has_bias ? bias_score_limit(p.scale) : 0.0f;
-  unsigned char* const dq_stage = smem + Tr::kOffDq + wg * Tr::kDqBytes;
 
   // Dropout keep-bits of an item: keep[kb] nibble n' bit 2e + h is the element of row half h
   // and column e of n8 tile 8·kb + n'. Drawn while the tensor cores run the item's Sᵀ and dPᵀ
@@ -541,10 +590,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   std::uint32_t keep[kKeepWords] = {};
 
   // lse·log2(e) and delta of an item's queries, copied by each consumer warpgroup into its own
-  // double buffer one item ahead (ordinary asynchronous copies) by warps 1 .. 2·kStatChunks/32,
-  // not warp 0: its thread 0 issues the dQ bulk reductions, which the hardware counts with the
-  // same scoreboard as cp.async, so waiting for its copies would wait for the last reduction too
-  // (measured on the H200: 12% of the gpt-2k backward).
+  // double buffer one item ahead (ordinary asynchronous copies) by warps 1 .. 2·kStatChunks/32.
+  // (Not warp 0 since dQ went out by bulk reductions from its thread 0, which the hardware counts
+  // with the same scoreboard as cp.async: waiting for the copies waited for the last reduction
+  // too, 12% of the gpt-2k backward on the H200. dQ's reductions are ordinary ones now.)
   constexpr int kStatChunks = Tr::kStatBytes / 16;
   const int stat_copy = ctid - 32;  // this thread's 16-byte chunk, when in [0, 2·kStatChunks)
   const bool stat_copier = stat_copy >= 0 && stat_copy < 2 * kStatChunks;  // whole warps
@@ -857,17 +906,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       pack_fragments<T>(dsf, dpacc);
     }
 
-    // dV += (Pᵀ∘Z)·dO and dK += dSᵀ·Q.
+    // dV += (Pᵀ∘Z)·dO, issued before dSᵀ goes to shared memory; then, once both warpgroups'
+    // dSᵀ is there, dQ = dS·K (this warpgroup's 64 x 64 over the block's 128 keys) and dK +=
+    // dSᵀ·Q, in that order, so that dQ's reductions into the workspace are issued while the tensor
+    // cores run dK.
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
       Wgmma<T, kHeadDim>::template rs<1>(
           dv, pf[kk], desc_advance(do_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
-    }
-#pragma unroll
-    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
-      Wgmma<T, kHeadDim>::template rs<1>(
-          dk, dsf[kk], desc_advance(q_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
     }
     wgmma_commit();
 
@@ -898,29 +945,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                       desc_advance(kdq_desc, kk * 2048), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dq);
-    fence_operands(dk);
-    fence_operands(dv);
-    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage's Q, dO, lse, delta
-
-    // dQ through shared memory (the order bwd_sm90_convert_dq_kernel reads) into the workspace.
-    if (ctid == 0) bulk_wait_read<0>();  // the previous step's reduction has read the buffer
-    named_bar_sync(Tr::kDqBarrier + wg, 128);
 #pragma unroll
-    for (int f = 0; f < 8; ++f) {
-      *reinterpret_cast<float4*>(dq_stage + (f * 128 + ctid) * 16) =
-          make_float4(dq[f][0], dq[f][1], dq[f][2], dq[f][3]);
+    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
+      Wgmma<T, kHeadDim>::template rs<1>(
+          dk, dsf[kk], desc_advance(q_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
     }
-    fence_proxy_async_smem();
-    named_bar_sync(Tr::kDqBarrier + wg, 128);
-    if (ctid == 0) {
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ
+    fence_operands(dq);
+
+    // dQ into the workspace chunk of (bh, m, wg), in the order bwd_convert_dq_kernel reads.
+    {
       std::int64_t chunk;
       if (packed_call) {
         chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
       } else {
         chunk = (bh * m_blocks + m) * 2 + wg;
       }
+      float* const dst = p.dq_accum + chunk * Tr::kDqFloats;
       // Deterministic mode: the key blocks that add into a chunk are a run of consecutive ones
       // (KeyMask: from the first key tile of query block m, 0 without a left window bound), and
       // this one's turn is its place in the run.
@@ -933,35 +975,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                   .begin;
         }
       }
-      if (p.deterministic) {
-        // Key blocks add into a chunk in order: this one waits for its turn. Packed calls wait
-        // for "at least" and raise the counter monotonically: with unchecked offsets two
-        // sequences may share chunks, and an exact turn could then be skipped and wait forever.
-        int* turn = tp.dq_turn + chunk;
-        if (packed_call) {
-          while (ld_acquire(turn) < turn_of_block) {
-          }
-        } else {
-          while (ld_acquire(turn) != turn_of_block) {
-          }
-        }
-        fence_proxy_async_global();
-      }
-      bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, base + Tr::kOffDq + wg * Tr::kDqBytes,
-                          Tr::kDqBytes);
-      bulk_commit();
-      if (p.deterministic) {
-        bulk_wait<0>();
-        fence_proxy_async_global();
-        if (packed_call) {
-          red_release_max(tp.dq_turn + chunk, turn_of_block + 1);
-        } else {
-          st_release(tp.dq_turn + chunk, turn_of_block + 1);
-        }
-      }
+      // Key blocks add into a chunk in order. Packed calls wait for "at least" and raise the
+      // counter monotonically: with unchecked offsets two sequences may share chunks, and an
+      // exact turn could then be skipped and wait forever.
+      add_dq_in_turn(dst, dq, p.deterministic, tp.dq_turn + chunk, turn_of_block, packed_call,
+                     Tr::kDqBarrier + wg, ctid);
     }
+    wgmma_wait<0>();
+    fence_operands(dk);
+    fence_operands(dv);
+    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage's Q, dO, lse, delta
   }
-  if (ctid == 0) bulk_wait<0>();
 
   // dK·scale and dV (times keep_scale, see the dS step) to their rows in global memory, through
   // the Q, dO and dS buffers (free now: every TMA load was consumed and every wgmma waited for).

@@ -1,7 +1,7 @@
 // The small kernels around the sm90 backward's main kernel that only its layouts need: the
 // packed calls' preprocess (delta and lse·log2(e) into each sequence's own query-block-padded
 // workspace blocks; dense calls use common/bwd_prepost.cuh's) and the conversion of the fp32 dQ
-// workspace (in the order the consumer warpgroups stage it) into dq in its own dtype and strides.
+// workspace (in the order the consumer warpgroups hold it) into dq in its own dtype and strides.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,7 +58,7 @@ __global__ void bwd_preprocess_packed_kernel(BackwardParams p, float* lse_log2, 
 
 // dq = dq_scale · dq_accum in the output dtype and strides (dq_scale: the softmax scale, times
 // keep_scale with dropout, see bwd_kernel.cuh). The workspace holds, per (bh, query
-// block, consumer warpgroup), a 64 x 64 block as that warpgroup staged it: float4 number
+// block, consumer warpgroup), a 64 x 64 block in the order that warpgroup holds it: float4 number
 // f·128 + thread is the thread's accumulators of n8 tile f, rows 16·warp + g and + 8, columns
 // 8f + 2t and + 1 (thread = 32·warp + 4g + t). One thread's unit is (f, warp, g): the four
 // consecutive float4s of t = 0..3, i.e. 8 columns of two rows. A block of 256 threads converts

@@ -25,7 +25,7 @@ struct BackwardTmaParams {
   // so their probabilities are 0) and rowsum(dO ∘ O) (0 in the padding). p.softmax_d is delta.
   float* lse_log2 = nullptr;
   // [B·Hq][m_blocks][2][64·64] fp32 partial sums of dQ in the order the consumer warpgroups
-  // hold them (see bwd_sm90_convert_dq_kernel), reduced into by every key block; p.dq_accum points
+  // hold them (see bwd_convert_dq_kernel), reduced into by every key block; p.dq_accum points
   // here. dbias accumulator [dB, dH, dL, Lk] when dbias is reduced over broadcast dimensions.
   // Packed calls: [Hq][m_blocks] blocks (B = 1 in the layouts above and below), sequence s's
   // query blocks starting at block packed_block0(s) (see backward_workspace_layout).
@@ -70,23 +70,21 @@ struct BwdTraits {
   static constexpr int kKVSteps = kBlockM / 16;         // k16 steps of dV and dK (queries)
   static constexpr int kDqSteps = kBlockN / 16;         // k16 steps of dQ (keys)
   static constexpr bool kDqSplitRows = kBlockM == 128;  // else split by head-dim columns
-  static constexpr int kDqFloats = 64 * 64;             // one warpgroup's dQ block
+  static constexpr int kDqFloats = 64 * 64;             // one warpgroup's dQ block (workspace)
   // Shared memory (bytes), each buffer 1024-byte aligned for the 128-byte swizzle:
   static constexpr int kQBlockBytes = kBlockM * 128;  // 64 columns of a Q or dO tile
   static constexpr int kKVBlockBytes = kBlockN * 128;
   static constexpr int kQBytes = kDBlocks * kQBlockBytes;    // one Q (or dO) stage
   static constexpr int kKVBytes = kDBlocks * kKVBlockBytes;  // K (or V)
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;     // dS [query/64][key][64 queries]
-  static constexpr int kDqBytes = kDqFloats * 4;             // one warpgroup's dQ staging
   static constexpr int kStatBytes = kBlockM * 4;             // lse or delta of one step
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKVBytes;
   static constexpr int kOffQ = kOffV + kKVBytes;             // kStages buffers
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;   // kStages buffers
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;  // 2 buffers
-  static constexpr int kOffDq = kOffDs + 2 * kDsBytes;       // kConsumers buffers
   // Per consumer, two buffers (steps) of lse·log2(e) and delta.
-  static constexpr int kOffStats = kOffDq + kConsumers * kDqBytes;
+  static constexpr int kOffStats = kOffDs + 2 * kDsBytes;
   static constexpr int kOffBar = kOffStats + kConsumers * 2 * 2 * kStatBytes;
   static constexpr int kBarriers = 2 * kStages;  // full / empty per stage
   static constexpr int kSmemBytes = 1024 + kOffBar + 8 * kBarriers;
@@ -98,8 +96,8 @@ struct BwdTraits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barrier ids: 0 is __syncthreads; 1 both consumer warpgroups (dS complete, K/V loaded);
-  // 2 + w warpgroup w's dQ staging buffer; 4 + w its lse/delta buffers; 6 + w its bias tile read
-  // (before its dS overwrites it).
+  // 2 + w warpgroup w's deterministic dQ turn; 4 + w its lse/delta buffers; 6 + w its bias tile
+  // read (before its dS overwrites it).
   static constexpr int kConsumerBarrier = 1;
   static constexpr int kDqBarrier = 2;
   static constexpr int kStatBarrier = 4;
@@ -107,7 +105,7 @@ struct BwdTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "head-dim buckets 64 and 128 (256: BwdWideTraits)");
   static_assert(kBlockM * kHeadDim == 2 * 64 * 64, "each consumer computes a 64 x 64 dQ block");
-  static_assert(2 * kOutBytes <= kOffDq - kOffQ, "dK and dV staging fits the Q/dO/dS buffers");
+  static_assert(2 * kOutBytes <= kOffStats - kOffQ, "dK and dV staging fits the Q/dO/dS buffers");
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
                 "setmaxnreg split exceeds the registers allocated at launch");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");

@@ -60,19 +60,6 @@ __device__ __forceinline__ std::uint32_t wide_kept_mask(std::uint32_t keep, int 
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(keep << (31 - bit)) >> 31);
 }
 
-// dQ of one step (a consumer's 64 queries x 128 columns, chunks 2w and 2w + 1 of the query
-// block's four) added to the workspace: float4 number f·128 + thread of a chunk holds n8 tile f
-// of that chunk (bwd_convert_dq_kernel's order), by 16-byte reductions (red_add_f32x4).
-template <int kHalfDT>
-__device__ __forceinline__ void add_dq_fragments(float* chunks, const float (&dq)[kHalfDT][4],
-                                                 int ctid) {
-#pragma unroll
-  for (int j = 0; j < kHalfDT; ++j) {
-    float* dst = chunks + (j / 8) * (64 * 64) + ((j % 8) * 128 + ctid) * 4;
-    red_add_f32x4(dst, dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
-  }
-}
-
 template <class T, bool kDropout>
 __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
     attention_backward_wide_kernel(const __grid_constant__ BackwardTmaParams tp) {
@@ -393,22 +380,10 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
 
     // dQ into the workspace: chunks 2·wg and 2·wg + 1 of the query block.
     float* const chunks = p.dq_accum + ((bh * m_blocks + m) * Tr::kDqChunks + 2 * wg) * (64 * 64);
-    if (p.deterministic) {
-      // Key blocks add into a query block in order (one turn counter per warpgroup's columns):
-      // those that reach it are 0 .. its last, so this one's turn is its index.
-      int* const turn = tp.dq_turn + (bh * m_blocks + m) * 2 + wg;
-      if (ctid == 0) {
-        while (ld_acquire(turn) != key_block) {
-        }
-      }
-      named_bar_sync(Tr::kDqBarrier + wg, 128);
-      add_dq_fragments(chunks, dq, ctid);
-      __threadfence();
-      named_bar_sync(Tr::kDqBarrier + wg, 128);
-      if (ctid == 0) st_release(turn, key_block + 1);
-    } else {
-      add_dq_fragments(chunks, dq, ctid);
-    }
+    // Deterministic mode: key blocks add into a query block in order (one turn counter per
+    // warpgroup's columns); those that reach it are 0 .. its last, so this one's turn is its index.
+    add_dq_in_turn(chunks, dq, p.deterministic, tp.dq_turn + (bh * m_blocks + m) * 2 + wg,
+                   key_block, false, Tr::kDqBarrier + wg, ctid);
     wgmma_wait<0>();
     fence_operands(dk);
     fence_operands(dv);
