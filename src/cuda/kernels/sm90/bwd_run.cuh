@@ -99,6 +99,7 @@ template <class T, int kHeadDim>
 void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multiprocessors,
                   cudaStream_t stream) {
   using Tr = typename BwdConfig<kHeadDim>::Traits;
+  using TileTr = typename BwdConfig<kHeadDim>::BiasTileTraits;  // the same tile, a 2-step ring
   BackwardParams& p = tp.p;
   const bool packed = p.cu_seqlens_q != nullptr;
   const std::int64_t heads = packed ? p.Hq : static_cast<std::int64_t>(p.B) * p.Hq;
@@ -167,11 +168,11 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
     p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, launch)
                   : launch_backward_kernel<T, Tr, false, false, true>(tp, launch);
   } else if (p.has_dropout) {
-    tiles  ? launch_backward_kernel<T, Tr, true, true, false, true>(tp, launch)
+    tiles  ? launch_backward_kernel<T, TileTr, true, true, false, true>(tp, launch)
     : bias ? launch_backward_kernel<T, Tr, true, true>(tp, launch)
            : launch_backward_kernel<T, Tr, true, false>(tp, launch);
   } else {
-    tiles  ? launch_backward_kernel<T, Tr, false, true, false, true>(tp, launch)
+    tiles  ? launch_backward_kernel<T, TileTr, false, true, false, true>(tp, launch)
     : bias ? launch_backward_kernel<T, Tr, false, true>(tp, launch)
            : launch_backward_kernel<T, Tr, false, false>(tp, launch);
   }
