@@ -37,6 +37,7 @@ struct RunConfig {
   std::int64_t warmup = 1;
   std::string check = "auto";
   bool json = false;
+  bool deterministic = false;  // Options::deterministic: the bitwise-repeatable backward
   // Packed sequences (--seqlens, --kv-seqlens): empty for a dense batch.
   std::vector<std::int64_t> seqlens, kv_seqlens;
   // Context parallelism (--context-parallel N and its --cp-* flags): 0 ranks for a plain run.
@@ -355,6 +356,7 @@ int report(const RunConfig& rc, const RunReport& r) {
     j["seed"] = c.seed;
     j["offset"] = c.offset;
     j["iters"] = t.iters;
+    j["deterministic"] = rc.deterministic;
     add_rates_json(j, t.rates, "tflops");
     j["workspace_fwd_bytes"] = static_cast<std::uint64_t>(t.ws_fwd);
     j["workspace_bwd_bytes"] = static_cast<std::uint64_t>(t.ws_bwd);
@@ -380,8 +382,8 @@ int report(const RunConfig& rc, const RunReport& r) {
       static_cast<unsigned long long>(c.seed), static_cast<unsigned long long>(c.offset));
   std::printf("  forward    %10.3f ms  %8s TFLOP/s\n", rates.fwd_ms,
               format_g(rates.fwd_tflops).c_str());
-  std::printf("  backward   %10.3f ms  %8s TFLOP/s\n", rates.bwd_ms,
-              format_g(rates.bwd_tflops).c_str());
+  std::printf("  backward   %10.3f ms  %8s TFLOP/s%s\n", rates.bwd_ms,
+              format_g(rates.bwd_tflops).c_str(), rc.deterministic ? "   (deterministic)" : "");
   std::printf("  fwd+bwd    %10.3f ms  %8s TFLOP/s   (median of %lld after %lld warm-up; %s)\n",
               rates.fwd_ms + rates.bwd_ms, format_g(rates.fwdbwd_tflops).c_str(),
               static_cast<long long>(t.iters),
@@ -403,6 +405,7 @@ Device run_device(const RunConfig& rc, std::string& note) {
 Options run_options(const RunConfig& rc) {
   Options options;
   if (!rc.backend.empty()) options.backends = split(rc.backend, ',');
+  options.deterministic = rc.deterministic;
   return options;
 }
 
@@ -592,6 +595,7 @@ int run(const RunConfig& rc, const std::vector<std::string>& args) {
     if (rc.shape.has_score_modifiers()) {
       throw UsageError("--context-parallel: not with --window, --alibi or --softcap yet");
     }
+    if (rc.deterministic) throw UsageError("--deterministic: not with --context-parallel yet");
     ContextParallelRun cp = rc.cp;
     cp.shape = rc.shape;
     cp.device = rc.device;
@@ -645,6 +649,8 @@ Exits with 1 when an error exceeds its tolerance.
               "full (every head), none (timing only), or N: batch 0 and the first N query heads\n"
               "(rounded up to whole GQA groups)");
   app->add_flag("--json", rc->json, "print one JSON object instead of the text report");
+  app->add_flag("--deterministic", rc->deterministic,
+                "run the bitwise-repeatable backward (Options::deterministic)");
   add_packed_flags(
       *app, rc->seqlens, rc->kv_seqlens,
       "packed variable-length sequences of these query lengths (cu_seqlens): q [total, Hq, D],\n"
