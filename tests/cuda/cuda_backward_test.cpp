@@ -15,6 +15,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/attention_case.h"
@@ -227,12 +228,31 @@ TEST_P(CudaBackward, SeedAndOffsetFromDeviceMemory) {
 }
 
 // Deterministic mode: two runs give the same bits (dq and broadcast dbias accumulate across
-// CTAs), and the result still matches the reference.
+// CTAs), and the result still matches the reference. Under a causal mask each CTA walks its
+// query blocks from the last (common/block_order.h's BackwardWalk), without one from the first;
+// "11qk" and "bh1k" sum dbias across CTAs, one CTA per launch. Both head-dim buckets of the
+// Hopper tile: its writer warps add each step's dQ staged in the dO and dS buffers (64 x 64 of
+// 128 queries by 128 keys at head dim 64, the whole of 64 by 128 at head dim 128). With and
+// without dropout, and a 16-bit "1hqk" bias that comes in tiles: the deterministic mode has its
+// own instantiation of each kernel.
 TEST_P(CudaBackward, DeterministicIsBitwiseRepeatable) {
-  for (const char* pattern : {"none", "11qk", "bh1k"}) {
-    KernelCase c = make(
-        {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 300, .Lk = 260, .causal = kBottomRight, .bias = pattern});
-    c.dropout = 0.1;
+  struct Case {
+    const char* pattern;
+    CausalMode causal;
+    std::int64_t D;
+    double dropout;
+  };
+  const Case cases[] = {
+      {"none", kBottomRight, 64, 0.1},      {"none", kBottomRight, 128, 0.0},
+      {"none", kTopLeft, 128, 0.1},         {"none", CausalMode::none, 64, 0.0},
+      {"none", CausalMode::none, 128, 0.1}, {"11qk", kBottomRight, 64, 0.1},
+      {"bh1k", kBottomRight, 128, 0.0},     {"1hqk", CausalMode::none, 128, 0.0},
+      {"1hqk", kTopLeft, 64, 0.1}};
+  for (const auto& [pattern, causal, D, dropout] : cases) {
+    KernelCase c = make({.B = 2, .Hq = 4, .Hkv = 2, .Lq = 300, .Lk = 260, .D = D,
+                         .causal = causal, .bias = pattern});
+    if (std::string(pattern) == "1hqk") c.bias_dtype = c.dtype;
+    c.dropout = dropout;
     c.deterministic = true;
     SCOPED_TRACE(c.describe());
     const BwdProblem pr(c, 3);

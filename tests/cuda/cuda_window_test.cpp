@@ -235,17 +235,19 @@ TEST_P(CudaWindow, EverythingTogetherEachHeadDim) {
 
 // The deterministic backward with a window: a query block's dQ is added by the key blocks the
 // window lets in, in their order from the first of them; two runs give the same bits, with a
-// bias whose gradient sums across CTAs, with ALiBi, and without either; on every head dim the
-// backend's backward has.
+// bias whose gradient sums across CTAs, with ALiBi, with the softcap, and without any (also
+// without dropout); on every head dim the backend's backward has.
 TEST_P(CudaWindow, DeterministicBackwardWithAWindowIsBitwiseRepeatable) {
   std::uint64_t seed = 120;
   for (std::int64_t D : {64, 128, 256}) {
-    for (const char* variant : {"plain", "11qk", "alibi"}) {
+    for (const char* variant : {"plain", "p0", "11qk", "alibi", "softcap"}) {
       KernelCase c = make({.B = 2, .Hq = 4, .Hkv = 2, .Lq = 600, .Lk = 520, .D = D, .dropout = 0.1,
                            .deterministic = true});
       c.window = Window{100, 20};
+      if (std::string(variant) == "p0") c.dropout = 0.0;
       if (std::string(variant) == "11qk") c.bias = "11qk";
       if (std::string(variant) == "alibi") c.alibi = "h";
+      if (std::string(variant) == "softcap") c.softcap = 5.0;
       if (!has_backward(c)) continue;
       SCOPED_TRACE(c.describe());
       const BwdProblem pr(c, ++seed);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/mask.cuh"
 #include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/reasons.h"
@@ -138,6 +139,45 @@ TEST(KeyMaskWindow, TripCountsTilesAndRowsFollowTheRule) {
                 const std::int64_t i = i0 + 8 * (c2 / 2) + (c2 & 1);
                 EXPECT_EQ((bits >> c2) & 1u, mask.keys_of_row(i).size() == 1 ? 1u : 0u)
                     << what << " row " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The deterministic backward's walk under a right bound (BackwardWalk from the last query block):
+// at every (head, query block), the key blocks that reach it (their query_blocks ranges) reach it
+// after a number of steps that does not fall with the key block, so the turns, taken in ascending
+// key blocks, follow the order in which equally fast CTAs arrive: none waits for a block that
+// arrives after it, only for the adds of those before it.
+TEST(BackwardWalk, FromTheLastKeyBlocksReachAQueryBlockInTurnOrder) {
+  constexpr int kBlockM = 16, kBlockN = 8;
+  constexpr std::int64_t kNone = ScoreMods::kUnbounded;
+  const int m_blocks = 6, group = 3;
+  for (bool causal : {false, true}) {
+    for (std::int64_t Lk : {1, 9, 40, 100}) {
+      for (std::int64_t shift : {-9, 0, 3, 33}) {
+        for (std::int64_t left : {std::int64_t{5}, std::int64_t{17}, kNone}) {
+          for (std::int64_t right : {std::int64_t{0}, std::int64_t{9}, kNone}) {
+            if (!causal && right == kNone) continue;  // no right bound: walked from the first
+            const KeyMask mask{causal, Lk, shift, left, right};
+            const int key_blocks = static_cast<int>((Lk + kBlockN - 1) / kBlockN);
+            // arrival[hg][m]: the step at which the last key block seen so far reached (hg, m).
+            std::vector<int> arrival(group * m_blocks, -1);
+            for (int n = 0; n < key_blocks; ++n) {
+              const BlockRange r =
+                  mask.query_blocks<kBlockM, kBlockN>(std::int64_t{n} * kBlockN, m_blocks);
+              const BackwardWalk walk{r.begin, r.count(), group, true};
+              for (int item = 0; item < r.count() * group; ++item) {
+                int& last = arrival[walk.head(item) * m_blocks + walk.block(item)];
+                EXPECT_GE(item, last) << "causal " << causal << " Lk " << Lk << " shift " << shift
+                                      << " left " << left << " right " << right << " key block "
+                                      << n << " head " << walk.head(item) << " block "
+                                      << walk.block(item);
+                last = item;
               }
             }
           }

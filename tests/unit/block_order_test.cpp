@@ -94,5 +94,52 @@ TEST(GridOrder, BackwardBandFollowsTheCausalMaskAndTheGroupsData) {
   EXPECT_EQ(backward_band_heads(p, 8, 132, 2), 32);
 }
 
+// A backward CTA's walk: every (head of the group, query block) once, head by head from the first
+// query block, or from the last query block with the group's heads inside each; the deterministic
+// mode walks from the last under a right bound (a causal mask or a window's right side).
+TEST(BackwardWalk, EveryStepOnceInEitherOrder) {
+  for (int m_begin : {0, 3}) {
+    for (int m_count : {1, 2, 7}) {
+      for (int group : {1, 4}) {
+        for (bool from_last : {false, true}) {
+          SCOPED_TRACE(testing::Message() << m_begin << " + " << m_count << " blocks, group "
+                                          << group << (from_last ? ", from the last" : ""));
+          const BackwardWalk walk{m_begin, m_count, group, from_last};
+          std::vector<int> seen(static_cast<std::size_t>(m_count * group), 0);
+          for (int item = 0; item < m_count * group; ++item) {
+            const int hg = walk.head(item), m = walk.block(item);
+            ASSERT_GE(hg, 0);
+            ASSERT_LT(hg, group);
+            ASSERT_GE(m, m_begin);
+            ASSERT_LT(m, m_begin + m_count);
+            ++seen[static_cast<std::size_t>(hg * m_count + m - m_begin)];
+            if (item == 0) continue;
+            const int prev_hg = walk.head(item - 1), prev_m = walk.block(item - 1);
+            if (from_last) {  // blocks downwards, the heads of one block in a row
+              EXPECT_TRUE(m == prev_m ? hg == prev_hg + 1 : m == prev_m - 1 && hg == 0);
+            } else {  // heads in a row, each its blocks upwards
+              EXPECT_TRUE(hg == prev_hg ? m == prev_m + 1 : hg == prev_hg + 1 && m == m_begin);
+            }
+          }
+          for (int n : seen) EXPECT_EQ(n, 1);
+        }
+      }
+    }
+  }
+  BackwardParams p;
+  p.causal = Causal::top_left;
+  EXPECT_FALSE(deterministic_walk_from_last(p));  // not deterministic: no turns
+  p.deterministic = true;
+  EXPECT_TRUE(deterministic_walk_from_last(p));
+  p.causal = Causal::bottom_right;
+  EXPECT_TRUE(deterministic_walk_from_last(p));
+  p.causal = Causal::none;
+  EXPECT_FALSE(deterministic_walk_from_last(p));
+  p.mods.left_reach = 256;  // a left bound alone: every key block's walk starts at query block 0
+  EXPECT_FALSE(deterministic_walk_from_last(p));
+  p.mods.right_reach = 0;
+  EXPECT_TRUE(deterministic_walk_from_last(p));
+}
+
 }  // namespace
 }  // namespace memeff::cuda

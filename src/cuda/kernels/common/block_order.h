@@ -77,4 +77,28 @@ inline int backward_band_heads(const BackwardParams& p, std::int64_t key_blocks,
                                           p.group * p.Lq * (p.D + p.Dv) * elem_bytes));
 }
 
+// The steps of a backward CTA (one key block): `group` query heads times the query blocks
+// [m_begin, m_begin + m_count) that see its keys. By default head by head, each from the first
+// query block. The deterministic mode adds each query block's dQ in turns, key block by key block
+// in ascending order (the order their CTAs start), and under a right bound (a causal mask, a
+// window's right side) key block n's walk starts at the query block its first key meets, which
+// blocks 0..n-1 reach only after their earlier ones: walked from the first, block n waited there
+// for all of them, and the group's later heads stacked the waits. Walked from the last query
+// block, the group's heads inside each (from_last), every key block that reaches a query block of
+// a head reaches it after the same number of steps (they all end at the last block), so the turns
+// cost each block its predecessors' adds, not their steps.
+struct BackwardWalk {
+  int m_begin = 0, m_count = 0, group = 1;
+  bool from_last = false;
+  MEMEFF_HD int head(int item) const { return from_last ? item % group : item / m_count; }
+  MEMEFF_HD int block(int item) const {
+    return from_last ? m_begin + m_count - 1 - item / group : m_begin + item % m_count;
+  }
+};
+
+// Whether the deterministic backward walks from the last query block (BackwardWalk::from_last).
+inline bool deterministic_walk_from_last(const BackwardParams& p) {
+  return p.deterministic && (is_causal(p) || p.mods.right_reach < ScoreMods::kUnbounded);
+}
+
 }  // namespace memeff::cuda

@@ -15,6 +15,17 @@
 // tensor cores run dK. dK and dV stay in registers until the end and are written once (summed
 // over the query heads of a GQA group).
 //
+// The deterministic mode (bitwise-repeatable dQ): the key blocks add into a dQ chunk one after
+// another in key-block order, each waiting for its turn on the chunk's counter. The consumers do
+// not wait: once both warpgroups' dV and dQ products are done, each stages its 64 x 64 fp32 dQ
+// in shared memory (warpgroup 0 in the step's dO buffer, 1 in its dS buffer; both dead by then)
+// and goes on. Two of the producer warpgroup's idle warps are the writers: writer w waits for
+// consumer w's staged dQ, then for the chunk's turn, adds it with one bulk reduction, frees the
+// Q/dO stage once the reduction has read it (the stage's empty barrier counts every consumer
+// thread and the writers) and passes the turn on once its writes are performed. Under a right bound
+// (causal, a window's right side) each CTA walks its query blocks from the last (BackwardWalk,
+// common/block_order.h), so the turns of a query block come in the order the CTAs reach it.
+//
 // Dropout in the Sᵀ orientation, from the documented map (docs/dropout.md) so the mask is the
 // forward's and the reference's bit for bit. The rows of K and V are loaded permuted inside each
 // 64-key block: warp w's rows hold the keys 8g + 2w + {0, 1} (g = 0..7), the 16 keys of column
@@ -112,6 +123,27 @@ __device__ __forceinline__ void add_dq_fragments(float* chunks, const float (&dq
     red_add_f32x4(dst, dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
   }
 }
+
+// The deterministic mode's staging of a consumer warpgroup's dQ of one step (64 x 64, kHalfDT = 8)
+// in shared memory, in the workspace chunk's order (add_dq_fragments), for one bulk reduction.
+template <int kHalfDT>
+__device__ __forceinline__ void stage_dq_fragments(unsigned char* stage,
+                                                   const float (&dq)[kHalfDT][4], int ctid) {
+  static_assert(kHalfDT == 8, "one 64 x 64 chunk");
+#pragma unroll
+  for (int j = 0; j < kHalfDT; ++j) {
+    *reinterpret_cast<float4*>(stage + ((j * 128 + ctid) << 4)) =
+        make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+  }
+}
+
+// Where a consumer warpgroup's staged dQ goes (the deterministic mode): its workspace chunk and
+// its turn there. Plain members only: it lives in shared memory.
+struct DqSlot {
+  std::int64_t chunk;
+  int turn;
+  int pad;
+};
 
 // A step's dQ epilogue: a consumer warpgroup's dQ (add_dq_fragments) into the workspace chunks
 // from `chunks` on. In the deterministic mode the key blocks that add into a chunk take turns on
@@ -313,10 +345,16 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[Tr::kDT][4],
 // kAlibi: whether a modifiers' kernel has ALiBi's term. Two more per dtype and head dim, one per
 // dropout, have none (and no cap nor bias), for the dense windowed calls without ALiBi: with the
 // term computed for a slope of 0 their backward took 0.6-5.4% longer (H100, docs/benchmarks.md).
+//
+// kDet: the deterministic mode (its writer warps, staged dQ and walk), one of each instantiation
+// above. Compiled into the default kernels behind a run-time test, its code cost them 4-16% of
+// their speed at p 0 (H100, sixteenth session in docs/benchmarks.md: the registers and the
+// consumers' arrivals it takes).
 enum class ModsCap { run_time, off, on };
 
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
-          bool kMods = false, ModsCap kCap = ModsCap::run_time, bool kAlibi = true>
+          bool kMods = false, ModsCap kCap = ModsCap::run_time, bool kAlibi = true,
+          bool kDet = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
   static_assert(!(kPacked && kBias), "packed calls take no bias");
@@ -360,6 +398,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto sDo = [&](int s) { return base + Tr::kOffDo + s * Tr::kQBytes; };
   auto full = [&](int s) { return base + Tr::kOffBar + 8u * s; };
   auto empty = [&](int s) { return base + Tr::kOffBar + 8u * (kStages + s); };
+  // The deterministic mode: consumer w's dQ of item `it` is staged in the dO buffer of the item's
+  // stage (w = 0) or in its dS buffer (w = 1), its workspace chunk and turn in slot (stage, w).
+  auto staged = [&](int s, int w) {
+    return base + Tr::kOffBar + 8u * (2 * kStages + s * Tr::kConsumers + w);
+  };
+  auto dq_stage = [&](int it, int w) {
+    return w == 0 ? sDo(it % kStages) : base + Tr::kOffDs + (it & 1) * Tr::kDsBytes;
+  };
+  auto dq_slot = [&](int s, int w) {
+    return reinterpret_cast<volatile DqSlot*>(smem + Tr::kOffSlots) + s * Tr::kConsumers + w;
+  };
 
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler knows the role is warp-uniform.
@@ -405,12 +454,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   }
   const int items = m_count * p.group;  // (query head of the group, query block) steps
+  // Their order: head by head from the first query block, or in the deterministic mode under a
+  // right bound from the last (common/block_order.h).
+  const BackwardWalk walk{m_begin, m_count, p.group, kDet && tp.walk_from_last};
 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), 4 * Tr::kConsumers);  // one arrival per consumer warp
+      if constexpr (kDet) {
+        // One arrival per consumer thread and one per dQ writer.
+        mbar_init(empty(s), 128 * Tr::kConsumers + Tr::kConsumers);
+#pragma unroll
+        for (int w = 0; w < Tr::kConsumers; ++w) mbar_init(staged(s, w), 128);
+      } else {
+        mbar_init(empty(s), 4 * Tr::kConsumers);  // one arrival per consumer warp
+      }
     }
     fence_barrier_init();
   }
@@ -426,7 +485,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int it = 0; it < items; ++it) {
         const int s = it % kStages;
         const std::uint32_t phase = (it / kStages) & 1;
-        const int hg = it / m_count, m = m_begin + it % m_count;
+        const int hg = walk.head(it), m = walk.block(it);
         const int h = kvh * p.group + hg;
         mbar_wait(empty(s), phase ^ 1);
         mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes + (kBiasTiles ? Tr::kDsBytes : 0));
@@ -453,6 +512,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               tma_load_4d(ds + qb * (kBlockN * 128) + w * 64 * 128, &tp.bias, full(s),
                           static_cast<int>(n0) + 64 * w, row + 64 * qb, bias_h, bias_b);
             }
+        }
+      }
+    } else if (kDet && items > 0 && tid % 32 == 0 && tid / 32 >= 1 &&
+               tid / 32 <= Tr::kConsumers) {
+      // ---------------- deterministic dQ writers (lane 0 of warps 1 .. kConsumers) ----------
+      // Writer w adds consumer w's staged dQ of each step into its workspace chunk when the
+      // chunk's turn comes (one bulk reduction), frees the stage once the reduction has read it,
+      // and passes the turn on once its writes are performed. The consumers go on meanwhile.
+      const int w = tid / 32 - 1;
+      for (int it = 0; it < items; ++it) {
+        const int s = it % kStages;
+        mbar_wait(staged(s, w), (it / kStages) & 1);
+        const std::int64_t chunk = dq_slot(s, w)->chunk;
+        const int my_turn = dq_slot(s, w)->turn;
+        int* const turn = tp.dq_turn + chunk;
+        if (packed_call) {  // "at least": see the consumers' step
+          while (ld_acquire(turn) < my_turn) {
+          }
+        } else {
+          while (ld_acquire(turn) != my_turn) {
+          }
+        }
+        fence_proxy_async_global();  // the previous adder's writes before this reduction
+        bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, dq_stage(it, w),
+                            Tr::kDqFloats * 4);
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbar_arrive(empty(s));
+        bulk_wait<0>();
+        fence_proxy_async_global();  // the reduction's writes before the release
+        if (packed_call) {
+          red_release_max(turn, my_turn + 1);
+        } else {
+          st_release(turn, my_turn + 1);
         }
       }
     }
@@ -568,7 +661,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int kb = 0; kb < kKeepWords; ++kb) words[kb] = ~0u;
     } else if constexpr (kDropout) {
-      const int hg = item / m_count, m = m_begin + item % m_count;
+      const int hg = walk.head(item), m = walk.block(item);
       const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + kvh * p.group + hg;
       const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
 #pragma unroll
@@ -602,7 +695,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   auto prefetch_stats = [&](int item) {
     if (stat_copier) {
-      const int hg = item / m_count, m = m_begin + item % m_count;
+      const int hg = walk.head(item), m = walk.block(item);
       std::int64_t row;
       if (packed_call) {  // the sequence's region of head h (b strides are 0)
         row =
@@ -622,7 +715,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int it = 0; it < items; ++it) {
     const int s = it % kStages, buf = it & 1;
     const std::uint32_t phase = (it / kStages) & 1;
-    const int hg = it / m_count, m = m_begin + it % m_count;
+    const int hg = walk.head(it), m = walk.block(it);
     const int h = kvh * p.group + hg;
     const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
     const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
@@ -923,6 +1016,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // With bias tiles, every warp of the warpgroup has read its entries before any writes dS
       // over them.
       if constexpr (kBiasTiles) named_bar_sync(Tr::kBiasBarrier + wg, 128);
+      // The deterministic mode: dS buffer buf held item it - 2's staged dQ, until its writer's
+      // reduction read it (the writers then arrive on that item's empty barrier).
+      if (kDet && it >= 2) {
+        mbar_wait(empty((it - 2) % kStages), ((it - 2) / kStages) & 1);
+      }
       unsigned char* const ds_buf = smem + Tr::kOffDs + buf * Tr::kDsBytes;
 #pragma unroll
       for (int n = 0; n < kNT; ++n)
@@ -955,17 +1053,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_operands(dq);
 
     // dQ into the workspace chunk of (bh, m, wg), in the order bwd_convert_dq_kernel reads.
-    {
-      std::int64_t chunk;
+    auto dq_chunk = [&]() -> std::int64_t {
       if (packed_call) {
-        chunk = (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
-      } else {
-        chunk = (bh * m_blocks + m) * 2 + wg;
+        return (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
       }
-      float* const dst = p.dq_accum + chunk * Tr::kDqFloats;
-      // Deterministic mode: the key blocks that add into a chunk are a run of consecutive ones
-      // (KeyMask: from the first key tile of query block m, 0 without a left window bound), and
-      // this one's turn is its place in the run.
+      return (bh * m_blocks + m) * 2 + wg;
+    };
+    if constexpr (kDet) {
+      // The key blocks that add into a chunk take turns, in key block order: a run of
+      // consecutive ones (KeyMask: from the first key tile of query block m, 0 without a left
+      // window bound), this one's turn being its place in the run. The warpgroup stages its dQ
+      // in the step's dO (wg 0) or dS (wg 1) buffer, in the workspace chunk's order, once both
+      // warpgroups' dV and dQ products have read them, and its writer adds it when the turn
+      // comes; the tensor cores run dK meanwhile.
       int turn_of_block = key_block;
       if constexpr (kWindowCode) {
         if (window) {
@@ -975,18 +1075,38 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                   .begin;
         }
       }
-      // Key blocks add into a chunk in order. Packed calls wait for "at least" and raise the
-      // counter monotonically: with unchecked offsets two sequences may share chunks, and an
-      // exact turn could then be skipped and wait forever.
-      add_dq_in_turn(dst, dq, p.deterministic, tp.dq_turn + chunk, turn_of_block, packed_call,
-                     Tr::kDqBarrier + wg, ctid);
+      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // dO(s), dS(buf) read
+      stage_dq_fragments(smem + (dq_stage(it, wg) - base), dq, ctid);
+      fence_proxy_async_smem();  // written by ordinary stores, read by the bulk reduction
+      if (ctid == 0) {
+        dq_slot(s, wg)->chunk = dq_chunk();
+        dq_slot(s, wg)->turn = turn_of_block;
+      }
+      mbar_arrive(staged(s, wg));
+    } else {
+      add_dq_fragments(p.dq_accum + dq_chunk() * Tr::kDqFloats, dq, ctid);
     }
     wgmma_wait<0>();
     fence_operands(dk);
     fence_operands(dv);
-    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage's Q, dO, lse, delta
+    // Done with the stage's Q, dO, lse, delta. In the deterministic mode every thread arrives
+    // (a test of the lane there recomputed the thread index into a register the writers' code
+    // kept busy: a wait of 7% of the step, ptxas for sm_90a), and the writers once their
+    // reductions have read the staged dQ; elsewhere one arrival per warp.
+    if constexpr (kDet) {
+      mbar_arrive(empty(s));
+    } else if (lane == 0) {
+      mbar_arrive(empty(s));
+    }
   }
 
+  // The deterministic mode: every staged dQ read by its writer before the buffers hold dK, dV
+  // (the writers arrive on a stage's empty barrier once its reduction has read it).
+  if constexpr (kDet) {
+    for (int it = items > kStages ? items - kStages : 0; it < items; ++it) {
+      mbar_wait(empty(it % kStages), (it / kStages) & 1);
+    }
+  }
   // dK·scale and dV (times keep_scale, see the dS step) to their rows in global memory, through
   // the Q, dO and dS buffers (free now: every TMA load was consumed and every wgmma waited for).
   named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/kernels/common/block_order.h"
 #include "cuda/kernels/common/bwd_prepost.cuh"
@@ -47,17 +48,20 @@ inline float delta_scale_of(const BackwardParams& p) {
   return p.has_dropout ? static_cast<float>(p.keep_threshold) / 256.0f : 1.0f;
 }
 
-template <class T, class Tr, bool kDropout, bool kBias, bool kPacked = false,
+// kDet: the deterministic mode's instantiation (bwd_kernel.cuh), as p.deterministic says.
+template <class T, class Tr, bool kDet, bool kDropout, bool kBias, bool kPacked = false,
           bool kBiasTiles = false, bool kMods = false, ModsCap kCap = ModsCap::run_time,
           bool kAlibi = true>
 void launch_backward_kernel(BackwardTmaParams tp, const BackwardLaunch& launch) {
   const cudaStream_t stream = launch.stream;
-  auto kernel =
-      attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap, kAlibi>;
+  auto kernel = attention_backward_kernel<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap,
+                                          kAlibi, kDet>;
   constexpr int kSmem = Tr::kSmemBytes;
   static std::atomic<unsigned long long> prepared{0};
   setup_warp_specialized<Tr>(prepared, kernel, kSmem, "sm90 backward kernel");
   const BackwardParams& p = tp.p;
+  // The deterministic turns' walk (common/block_order.h), on every grid below.
+  tp.walk_from_last = deterministic_walk_from_last(p);
   if (kPacked || (kMods && p.cu_seqlens_q != nullptr)) {
     // (key tile, kv head): the scheduler's bound over cu_seqlens_k (Family::backward_reasons
     // keeps it below 2^31); CTAs past the last tile exit at once. A packed call has no bias, so
@@ -75,7 +79,7 @@ void launch_backward_kernel(BackwardTmaParams tp, const BackwardLaunch& launch) 
     // of heads walked key block by key block (common/block_order.h; one CTA per SM: setmaxnreg's
     // split takes the register file; each head's Q and dO are what its blocks share in L2). The
     // deterministic mode's turns stay in launch order: a head's key blocks start in ascending
-    // order.
+    // order (and walk their query blocks from the last under a right bound: BackwardWalk).
     const int band =
         backward_band_heads(p, key_blocks, std::max(launch.multiprocessors, 1), sizeof(T));
     kernel<<<dim3(band, key_blocks, heads / band), Tr::kThreads, kSmem, stream>>>(tp);
@@ -146,36 +150,42 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
   // the cap (dropout at run time) and one per dropout without it. So does a dense window without
   // a bias or with one read per score (the plain dense kernels have no window code); alone (no
   // bias, ALiBi or cap), in the kernels without ALiBi's term (kAlibi false).
+  // Each has its deterministic instantiation (kDet), for p.deterministic.
   const int mods = p.mods.flags;
   const bool dense_window = (mods & ScoreMods::kWindow) && !packed && !tiles;
-  if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) || dense_window) {
-    constexpr ModsCap kOn = ModsCap::on, kOff = ModsCap::off;
-    if (bias) {
-      launch_backward_kernel<T, Tr, true, true, false, false, true>(tp, launch);
-    } else if (mods & ScoreMods::kSoftcap) {
-      launch_backward_kernel<T, Tr, true, false, false, false, true, kOn>(tp, launch);
-    } else if (!(mods & ScoreMods::kAlibi)) {  // the window alone
-      p.has_dropout
-          ? launch_backward_kernel<T, Tr, true, false, false, false, true, kOff, false>(tp, launch)
-          : launch_backward_kernel<T, Tr, false, false, false, false, true, kOff, false>(tp,
-                                                                                         launch);
+  auto main_kernel = [&](auto deterministic) {
+    constexpr bool kDet = decltype(deterministic)::value;
+    if ((mods & (ScoreMods::kAlibi | ScoreMods::kSoftcap)) || dense_window) {
+      constexpr ModsCap kOn = ModsCap::on, kOff = ModsCap::off;
+      if (bias) {
+        launch_backward_kernel<T, Tr, kDet, true, true, false, false, true>(tp, launch);
+      } else if (mods & ScoreMods::kSoftcap) {
+        launch_backward_kernel<T, Tr, kDet, true, false, false, false, true, kOn>(tp, launch);
+      } else if (!(mods & ScoreMods::kAlibi)) {  // the window alone
+        p.has_dropout
+            ? launch_backward_kernel<T, Tr, kDet, true, false, false, false, true, kOff, false>(
+                  tp, launch)
+            : launch_backward_kernel<T, Tr, kDet, false, false, false, false, true, kOff, false>(
+                  tp, launch);
+      } else if (p.has_dropout) {
+        launch_backward_kernel<T, Tr, kDet, true, false, false, false, true, kOff>(tp, launch);
+      } else {
+        launch_backward_kernel<T, Tr, kDet, false, false, false, false, true, kOff>(tp, launch);
+      }
+    } else if (packed) {  // no bias (the validators refuse one)
+      p.has_dropout ? launch_backward_kernel<T, Tr, kDet, true, false, true>(tp, launch)
+                    : launch_backward_kernel<T, Tr, kDet, false, false, true>(tp, launch);
     } else if (p.has_dropout) {
-      launch_backward_kernel<T, Tr, true, false, false, false, true, kOff>(tp, launch);
+      tiles  ? launch_backward_kernel<T, TileTr, kDet, true, true, false, true>(tp, launch)
+      : bias ? launch_backward_kernel<T, Tr, kDet, true, true>(tp, launch)
+             : launch_backward_kernel<T, Tr, kDet, true, false>(tp, launch);
     } else {
-      launch_backward_kernel<T, Tr, false, false, false, false, true, kOff>(tp, launch);
+      tiles  ? launch_backward_kernel<T, TileTr, kDet, false, true, false, true>(tp, launch)
+      : bias ? launch_backward_kernel<T, Tr, kDet, false, true>(tp, launch)
+             : launch_backward_kernel<T, Tr, kDet, false, false>(tp, launch);
     }
-  } else if (packed) {  // no bias (the validators refuse one)
-    p.has_dropout ? launch_backward_kernel<T, Tr, true, false, true>(tp, launch)
-                  : launch_backward_kernel<T, Tr, false, false, true>(tp, launch);
-  } else if (p.has_dropout) {
-    tiles  ? launch_backward_kernel<T, TileTr, true, true, false, true>(tp, launch)
-    : bias ? launch_backward_kernel<T, Tr, true, true>(tp, launch)
-           : launch_backward_kernel<T, Tr, true, false>(tp, launch);
-  } else {
-    tiles  ? launch_backward_kernel<T, TileTr, false, true, false, true>(tp, launch)
-    : bias ? launch_backward_kernel<T, Tr, false, true>(tp, launch)
-           : launch_backward_kernel<T, Tr, false, false>(tp, launch);
-  }
+  };
+  p.deterministic ? main_kernel(std::true_type{}) : main_kernel(std::false_type{});
 
   // 4. dq (and a reduced dbias) in the output dtype.
   const float dq_scale = p.has_dropout ? p.scale * p.keep_scale : p.scale;

@@ -40,6 +40,9 @@ struct BackwardTmaParams {
   // block y of (batch, kv head) z·band + x. Added to those: key_block_base and head_base
   // (launches of one CTA each, for a deterministic dbias).
   int key_block_base = 0, head_base = 0;
+  // Each CTA's steps from the last query block, the group's heads inside each (BackwardWalk,
+  // common/block_order.h): the deterministic mode under a right bound.
+  bool walk_from_last = false;
   // Packed calls: the query tiles per head of the preprocess and dq conversion grids (the tile
   // scheduler's bound over cu_seqlens_q); the main kernel's grid is (key tiles, Hkv).
   int packed_q_tiles = 0;
@@ -87,8 +90,12 @@ struct BwdTraits {
   // Per consumer, two buffers (steps) of lse·log2(e) and delta.
   static constexpr int kOffStats = kOffDs + 2 * kDsBytes;
   static constexpr int kOffBar = kOffStats + kConsumers * 2 * 2 * kStatBytes;
-  static constexpr int kBarriers = 2 * kStages;  // full / empty per stage
-  static constexpr int kSmemBytes = 1024 + kOffBar + 8 * kBarriers;
+  // Per stage: full, empty, and per consumer "dQ staged" (the deterministic mode's writer).
+  static constexpr int kBarriers = (2 + kConsumers) * kStages;
+  // The deterministic mode's dQ slots: per stage and consumer, the workspace chunk and the turn
+  // of the dQ staged there (DqSlot in bwd_kernel.cuh, 16 bytes).
+  static constexpr int kOffSlots = kOffBar + 8 * kBarriers;
+  static constexpr int kSmemBytes = 1024 + kOffSlots + 16 * kStages * kConsumers;
   // After the main loop the Q, dO and dS buffers hold dK and dV (kHeadDim columns, 16-byte
   // chunks swizzled by row) on their way to global memory.
   static constexpr int kOutBytes = kBlockN * kHeadDim * 2;
@@ -96,16 +103,17 @@ struct BwdTraits {
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  // Named barrier ids: 0 is __syncthreads; 1 both consumer warpgroups (dS complete, K/V loaded);
-  // 2 + w warpgroup w's deterministic dQ turn; 4 + w its lse/delta buffers; 6 + w its bias tile
-  // read (before its dS overwrites it).
+  // Named barrier ids: 0 is __syncthreads; 1 both consumer warpgroups (dS complete, K/V loaded,
+  // the deterministic mode's dO and dS read before dQ is staged there); 4 + w warpgroup w's
+  // lse/delta buffers; 6 + w its bias tile read (before its dS overwrites it).
   static constexpr int kConsumerBarrier = 1;
-  static constexpr int kDqBarrier = 2;
   static constexpr int kStatBarrier = 4;
   static constexpr int kBiasBarrier = 6;
   static_assert(kHeadDim == 64 || kHeadDim == 128,
                 "head-dim buckets 64 and 128 (256: BwdWideTraits)");
   static_assert(kBlockM * kHeadDim == 2 * 64 * 64, "each consumer computes a 64 x 64 dQ block");
+  static_assert(kQBytes >= kDqFloats * 4 && kDsBytes >= kDqFloats * 4,
+                "the deterministic mode stages a warpgroup's dQ in a dO stage or a dS buffer");
   static_assert(2 * kOutBytes <= kOffStats - kOffQ, "dK and dV staging fits the Q/dO/dS buffers");
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
                 "setmaxnreg split exceeds the registers allocated at launch");

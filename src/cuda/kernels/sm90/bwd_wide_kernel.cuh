@@ -96,6 +96,9 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
       KeyMask{causal, p.Lk, p.causal_shift}.first_query_block<kBlockM>(n0, m_blocks);
   const int m_count = m_blocks - m_begin;
   const int items = m_count * p.group;  // (query head of the group, query block) steps
+  // Their order: head by head from the first query block, or in the deterministic mode under a
+  // right bound from the last (common/block_order.h).
+  const BackwardWalk walk{m_begin, m_count, p.group, tp.walk_from_last};
 
   if (tid == 0) {
 #pragma unroll
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
       for (int it = 0; it < items; ++it) {
         const int s = it % kStages;
         const std::uint32_t phase = (it / kStages) & 1;
-        const int hg = it / m_count, m = m_begin + it % m_count;
+        const int hg = walk.head(it), m = walk.block(it);
         const int h = kvh * p.group + hg;
         mbar_wait(empty(s), phase ^ 1);
         mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes);
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
   // An item's keep word (wide_kept_mask's layout): one Philox call per lane.
   auto draw_keep = [&](int item) -> std::uint32_t {
     if constexpr (kDropout) {
-      const int hg = item / m_count, m = m_begin + item % m_count;
+      const int hg = walk.head(item), m = walk.block(item);
       const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + kvh * p.group + hg;
       const std::int64_t i = static_cast<std::int64_t>(m) * kBlockM + Tr::kHalfQueries * wg +
                              8 * (g >> 1) + 2 * t + (g & 1);
@@ -224,7 +227,7 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
   };
   auto prefetch_stats = [&](int item) {
     if (stat_copier) {
-      const int hg = item / m_count, m = m_begin + item % m_count;
+      const int hg = walk.head(item), m = walk.block(item);
       const std::int64_t row =
           (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
           static_cast<std::int64_t>(m) * kBlockM + Tr::kHalfQueries * wg;
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
   for (int it = 0; it < items; ++it) {
     const int s = it % kStages, buf = it & 1;
     const std::uint32_t phase = (it / kStages) & 1;
-    const int hg = it / m_count, m = m_begin + it % m_count;
+    const int hg = walk.head(it), m = walk.block(it);
     const int h = kvh * p.group + hg;
     const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
     // The first of this warpgroup's queries.

@@ -21,7 +21,7 @@
 namespace memeff::cuda::sm90 {
 
 template <class T, bool kDropout>
-void launch_backward_wide_kernel(const BackwardTmaParams& tp, int multiprocessors,
+void launch_backward_wide_kernel(BackwardTmaParams tp, int multiprocessors,
                                  cudaStream_t stream) {
   using Tr = BwdWideTraits;
   auto kernel = attention_backward_wide_kernel<T, kDropout>;
@@ -32,6 +32,7 @@ void launch_backward_wide_kernel(const BackwardTmaParams& tp, int multiprocessor
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
   const int heads = p.B * p.Hkv;
   const int band = backward_band_heads(p, key_blocks, std::max(multiprocessors, 1), sizeof(T));
+  tp.walk_from_last = deterministic_walk_from_last(p);  // the deterministic turns' walk
   kernel<<<dim3(band, key_blocks, heads / band), Tr::kThreads, Tr::kSmemBytes, stream>>>(tp);
   check_launch("attention_backward_wide_kernel launch");
 }

@@ -64,6 +64,30 @@ __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
                : "memory");
 }
 
+// ---- bulk reductions (no tensor map) -------------------------------------------------------
+// Adds `bytes` of fp32 values in shared memory element-wise into global memory (one asynchronous
+// bulk reduction, performed in L2); grouped by bulk_commit and waited for with bulk_wait*.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src,
+                                                    std::uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<std::uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until at most kPending bulk groups may still read their shared-memory source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+// Waits until at most kPending bulk groups are incomplete (their writes performed).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // ---- reductions into global memory ---------------------------------------------------------
 // Adds four fp32 values to dst[0..3] (16-byte aligned global memory) in one reduction performed
 // in L2, returning nothing (sm_90; atomicAdd on a float4 compiles to an atom that returns the old
@@ -77,6 +101,11 @@ __device__ __forceinline__ void red_add_f32x4(float* dst, float a, float b, floa
 // (wgmma operand reads, bulk copies) of the same memory.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// The same for global memory: orders asynchronous-proxy writes (bulk reductions) the thread has
+// waited for with its later ordinary accesses, and the other way round.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 // ---- ordered flags in global memory (the deterministic backward's turn counters) -------------
