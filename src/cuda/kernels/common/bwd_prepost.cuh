@@ -24,12 +24,19 @@ namespace memeff::cuda {
 // are padding (delta 0, lse_log2 +inf).
 struct PreprocessRows {
   std::int64_t heads = 0, per_head = 0, valid = 0;
+  // Optionally also zeroed: zero_cols floats per workspace row from `zero` on (head bh's rows
+  // [bh·per_head·zero_cols, (bh + 1)·per_head·zero_cols), 16-byte aligned, zero_cols a multiple
+  // of 4): an accumulator the main kernel adds into, zeroed by the pass that reads dO anyway
+  // instead of by a memset of its own.
+  float* zero = nullptr;
+  std::int64_t zero_cols = 0;
 };
 
 // delta[r] = delta_scale·Σ_e dO·O and, unless lse_log2 is null, lse_log2[r] = lse·log2(e) (+inf
 // past `valid` and for rows without a visible key, lse = -inf, so P = exp2(x − lse_log2) is 0
 // there). kLanes lanes share a row (16 bytes of O and dO each per step); a block of 256 threads
-// covers 256 / kLanes rows of one head; grid (row blocks, heads), heads past 65535 looped.
+// covers 256 / kLanes rows of one head; grid (row blocks, heads), heads past 65535 looped. With
+// rows.zero set, the block also zeroes its rows of that accumulator.
 template <class T, int kLanes>
 __global__ void bwd_preprocess_kernel(BackwardParams p, float* delta, float* lse_log2,
                                       PreprocessRows rows, float delta_scale) {
@@ -38,6 +45,14 @@ __global__ void bwd_preprocess_kernel(BackwardParams p, float* delta, float* lse
   const std::int64_t i =
       static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
   for (std::int64_t bh = blockIdx.y; bh < rows.heads; bh += gridDim.y) {
+    if (rows.zero != nullptr) {
+      const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock;
+      const std::int64_t n = (std::min<std::int64_t>(i0 + kRowsPerBlock, rows.per_head) - i0) *
+                             rows.zero_cols / 4;
+      float4* const z =
+          reinterpret_cast<float4*>(rows.zero + (bh * rows.per_head + i0) * rows.zero_cols);
+      for (std::int64_t k = threadIdx.x; k < n; k += 256) z[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     const std::int64_t h = bh % p.Hq, b = bh / p.Hq;
     float acc = 0.f, l2 = INFINITY;
     if (i < rows.valid) {

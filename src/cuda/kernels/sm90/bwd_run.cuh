@@ -29,13 +29,15 @@ struct BackwardLaunch {
   cudaStream_t stream = nullptr;
 };
 
-// What every key block adds into, zeroed: the dq accumulator and, in the deterministic mode, the
-// turn counters.
+// What every key block adds into, zeroed: the dq accumulator (unless the preprocess zeroes it:
+// `accum_in_preprocess`) and, in the deterministic mode, the turn counters.
 inline void zero_dq_accumulators(const BackwardTmaParams& tp, const BackwardWorkspace& ws,
-                                 cudaStream_t stream) {
-  check_cuda(
-      cudaMemsetAsync(tp.p.dq_accum, 0, static_cast<std::size_t>(ws.dq_accum_floats) * 4, stream),
-      "cudaMemsetAsync(dq accumulator)");
+                                 cudaStream_t stream, bool accum_in_preprocess = false) {
+  if (!accum_in_preprocess) {
+    check_cuda(cudaMemsetAsync(tp.p.dq_accum, 0, static_cast<std::size_t>(ws.dq_accum_floats) * 4,
+                               stream),
+               "cudaMemsetAsync(dq accumulator)");
+  }
   if (tp.p.deterministic) {
     check_cuda(cudaMemsetAsync(tp.dq_turn, 0, static_cast<std::size_t>(ws.dq_turns) * 4, stream),
                "cudaMemsetAsync(dq turn counters)");
@@ -110,8 +112,10 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
 
   // 1. Zeroed accumulators: dq (every key block adds into it), the deterministic turn counters,
   //    a reduced dbias, and dbias itself where it is written tile by tile (causally skipped
-  //    tiles are never visited).
-  zero_dq_accumulators(tp, ws, stream);
+  //    tiles are never visited). A dense call's dq accumulator is zeroed by the preprocess
+  //    below, which reads dO anyway, instead of by a memset.
+  const bool zero_in_preprocess = !packed;
+  zero_dq_accumulators(tp, ws, stream, zero_in_preprocess);
   if (ws.dbias.mode == DbiasMode::reduced) {
     check_cuda(cudaMemsetAsync(tp.dbias_accum, 0,
                                static_cast<std::size_t>(ws.dbias.accum_elems) * 4, stream),
@@ -126,8 +130,12 @@ void run_backward(BackwardTmaParams tp, const BackwardWorkspace& ws, int multipr
   // Packed: the query tiles of the scheduler (the whole padded workspace blocks of each tile).
   const unsigned q_tiles = static_cast<unsigned>(tp.packed_q_tiles);
   if (!packed) {
-    launch_bwd_preprocess<T>(p, p.softmax_d, tp.lse_log2, PreprocessRows{heads, ws.lq_pad, p.Lq},
-                             delta_scale, stream);
+    PreprocessRows rows{heads, ws.lq_pad, p.Lq};
+    if (zero_in_preprocess) {  // [B·Hq][lq_pad rows][kHeadDim] floats, whatever their order
+      rows.zero = p.dq_accum;
+      rows.zero_cols = kHeadDim;
+    }
+    launch_bwd_preprocess<T>(p, p.softmax_d, tp.lse_log2, rows, delta_scale, stream);
   } else if (q_tiles > 0) {
     auto preprocess_packed = [&](auto kernel) {
       kernel<<<dim3(q_tiles, head_blocks), 256, 0, stream>>>(p, tp.lse_log2, ws.m_blocks,
