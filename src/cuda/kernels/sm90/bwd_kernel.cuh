@@ -22,9 +22,10 @@
 // and goes on. Two of the producer warpgroup's idle warps are the writers: writer w waits for
 // consumer w's staged dQ, then for the chunk's turn, adds it with one bulk reduction, frees the
 // Q/dO stage once the reduction has read it (the stage's empty barrier counts every consumer
-// thread and the writers) and passes the turn on once its writes are performed. Under a right bound
-// (causal, a window's right side) each CTA walks its query blocks from the last (BackwardWalk,
-// common/block_order.h), so the turns of a query block come in the order the CTAs reach it.
+// thread and the writers) and passes the turn on once its writes are performed. Under a right
+// bound (causal, a window's right side) each CTA walks its query blocks from the last
+// (BackwardWalk, common/block_order.h), so the turns of a query block come in the order the CTAs
+// reach it.
 //
 // Dropout in the Sᵀ orientation, from the documented map (docs/dropout.md) so the mask is the
 // forward's and the reference's bit for bit. The rows of K and V are loaded permuted inside each
