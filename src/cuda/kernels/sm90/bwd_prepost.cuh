@@ -60,11 +60,16 @@ __global__ void bwd_preprocess_packed_kernel(BackwardParams p, float* lse_log2, 
 // keep_scale with dropout, see bwd_kernel.cuh). The workspace holds, per (bh, query
 // block, consumer warpgroup), a 64 x 64 block in the order that warpgroup holds it: float4 number
 // f·128 + thread is the thread's accumulators of n8 tile f, rows 16·warp + g and + 8, columns
-// 8f + 2t and + 1 (thread = 32·warp + 4g + t). One thread's unit is (f, warp, g): the four
-// consecutive float4s of t = 0..3, i.e. 8 columns of two rows. A block of 256 threads converts
-// one warpgroup block; grid (2·m_blocks, heads), heads past 65535 looped. The wide tile
-// (kChunks = 4, BwdWideTraits) has four 64 x 64 blocks per query block, by head-dim columns, in
-// the same order: grid (4·m_blocks, heads).
+// 8f + 2t and + 1 (thread = 32·warp + 4g + t). A block of 256 threads converts one such block;
+// grid (2·m_blocks, heads), heads past 65535 looped. The wide tile (kChunks = 4, BwdWideTraits)
+// has four 64 x 64 blocks per query block, by head-dim columns, in the same order: grid
+// (4·m_blocks, heads).
+//
+// Each warp converts four of the block's 32 row pairs (warp, g); its lane 4f + t loads the float4
+// of (f, warp, g, t), so a load reads eight 64-byte runs, and holds columns 8f + 2t and + 1 of
+// both rows: one store of the 32 lanes writes a whole 64-column row, 128 bytes. (Lanes holding
+// one row's 16 bytes each, from different warps, left half-written 32-byte sectors to L2 and
+// wrote a quarter more than dq to DRAM.)
 //
 // Packed calls (kPacked): grid (2·query tiles, heads); x / 2 is a tile of the scheduler over the
 // sequences' kBlockM-row blocks (each warp finds it), read from the sequence's workspace blocks
@@ -73,11 +78,14 @@ template <class T, int kBlockM, bool kSplitRows, bool kPacked = false, int kChun
 __global__ void bwd_convert_dq_kernel(BackwardParams p, const float* dq_accum, int m_blocks,
                                       float dq_scale) {
   static_assert(kChunks == 2 || (!kSplitRows && !kPacked), "four chunks: by columns, dense");
+  constexpr int kPairs = 4;  // row pairs per warp
   const int wg = static_cast<int>(blockIdx.x) % kChunks;  // the block's chunk
-  const int f = static_cast<int>(threadIdx.x) >> 5, warp = (threadIdx.x >> 3) & 3,
-            g = threadIdx.x & 7;
-  const int col = (kSplitRows ? 0 : 64 * wg) + 8 * f;
-  if (col >= p.D) return;  // whole warps (f is the warp): the scheduler's scan below stays whole
+  const int lane = static_cast<int>(threadIdx.x) & 31, wb = static_cast<int>(threadIdx.x) >> 5;
+  const int f = lane >> 2, t = lane & 3;
+  const int warp = wb >> 1, g0 = 4 * (wb & 1);  // row pairs (warp, g0 + j), j < kPairs
+  const int col = (kSplitRows ? 0 : 64 * wg) + 8 * f + 2 * t;
+  // D is a multiple of 8 (the sm90 family's requirement), so col < D covers col + 1 too.
+  const bool col_in = col < p.D;
   int m = static_cast<int>(blockIdx.x) / kChunks;
   std::int64_t Lq = p.Lq, q0 = 0, block0 = 0;  // the sequence (dense: the batch entry)
   if constexpr (kPacked) {
@@ -89,35 +97,31 @@ __global__ void bwd_convert_dq_kernel(BackwardParams p, const float* dq_accum, i
     q0 = span.q0;
     block0 = packed_block0(span.q0, tile.seq, kBlockM);
   }
-  const int row = 16 * warp + g;
-  const std::int64_t i = static_cast<std::int64_t>(m) * kBlockM + (kSplitRows ? 64 * wg : 0) + row;
+  const std::int64_t i0 = static_cast<std::int64_t>(m) * kBlockM + (kSplitRows ? 64 * wg : 0) +
+                          16 * warp + g0;  // row of pair j: i0 + j, and + 8
   const int heads = kPacked ? p.Hq : p.B * p.Hq;
   for (int bh = static_cast<int>(blockIdx.y); bh < heads; bh += static_cast<int>(gridDim.y)) {
     const int h = bh % p.Hq, b = bh / p.Hq;
     const std::int64_t block =
         (static_cast<std::int64_t>(bh) * m_blocks + block0 + m) * kChunks + wg;
-    const float4* src =
-        reinterpret_cast<const float4*>(dq_accum + block * 64 * 64) + (f * 128 + 32 * warp + 4 * g);
-    float4 v[4];
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + block * 64 * 64) +
+                        (f * 128 + 32 * warp + 4 * g0 + t);
+    float4 v[kPairs];
 #pragma unroll
-    for (int t = 0; t < 4; ++t) v[t] = src[t];
+    for (int j = 0; j < kPairs; ++j) v[j] = src[4 * j];
     T* dq =
         static_cast<T*>(p.dq) + b * p.dq_stride.b + h * p.dq_stride.h + q0 * p.dq_stride.l + col;
-    if (i < Lq) {
-      uint4 w;
-      w.x = pack2<T>(v[0].x * dq_scale, v[0].y * dq_scale);
-      w.y = pack2<T>(v[1].x * dq_scale, v[1].y * dq_scale);
-      w.z = pack2<T>(v[2].x * dq_scale, v[2].y * dq_scale);
-      w.w = pack2<T>(v[3].x * dq_scale, v[3].y * dq_scale);
-      *reinterpret_cast<uint4*>(dq + i * p.dq_stride.l) = w;
-    }
-    if (i + 8 < Lq) {
-      uint4 w;
-      w.x = pack2<T>(v[0].z * dq_scale, v[0].w * dq_scale);
-      w.y = pack2<T>(v[1].z * dq_scale, v[1].w * dq_scale);
-      w.z = pack2<T>(v[2].z * dq_scale, v[2].w * dq_scale);
-      w.w = pack2<T>(v[3].z * dq_scale, v[3].w * dq_scale);
-      *reinterpret_cast<uint4*>(dq + (i + 8) * p.dq_stride.l) = w;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const std::int64_t i = i0 + j;
+      if (col_in && i < Lq) {
+        *reinterpret_cast<std::uint32_t*>(dq + i * p.dq_stride.l) =
+            pack2<T>(v[j].x * dq_scale, v[j].y * dq_scale);
+      }
+      if (col_in && i + 8 < Lq) {
+        *reinterpret_cast<std::uint32_t*>(dq + (i + 8) * p.dq_stride.l) =
+            pack2<T>(v[j].z * dq_scale, v[j].w * dq_scale);
+      }
     }
   }
 }
