@@ -282,6 +282,26 @@ TEST_P(CudaBackward, ManyBlocksGroupedWithDropout) {
   }
 }
 
+// The persistent grid (head dim 64's kernel without dropout, no causal mask, three or more query
+// blocks per tile and more tiles than SMs: bwd_run.cuh): one CTA per SM takes every gridDim.x-th
+// (key block, head), so a CTA walks tiles of different heads, batches and key blocks (ragged last
+// ones) one after another, its Q/dO ring going on across them and its dK, dV leaving through the
+// K, V buffers the next tile reloads. 192 tiles (GQA), and 576 tiles whose last query block has 4
+// rows (about four per CTA). With dropout, and with two query blocks (197 queries), the same
+// shapes take one CTA per tile.
+TEST_P(CudaBackward, PersistentGridTakesEveryTileOnce) {
+  for (double dropout : {0.0, 0.15}) {
+    KernelCase c = make({.B = 4, .Hq = 12, .Hkv = 6, .Lq = 333, .Lk = 900, .D = 64});
+    c.dropout = dropout;
+    c.dtype = DType::bf16;
+    check_case(c, 730);
+  }
+  for (const std::int64_t Lq : {260, 197}) {
+    KernelCase c = make({.B = 4, .Hq = 16, .Hkv = 16, .Lq = Lq, .Lk = 1100, .D = 64});
+    check_case(c, 740 + static_cast<std::uint64_t>(Lq));
+  }
+}
+
 // Causal grids in bands of heads (common/block_order.h): 16 (batch, kv) heads of 33 key blocks
 // (Lk 4200: the backward's grid, bands of 8 on a 132-SM card) or 32 (batch, query) heads of 33
 // query blocks (Lq 4200: the forward's, which the case runs first), each band walked block by

@@ -146,38 +146,44 @@ struct DqSlot {
   int pad;
 };
 
+// The deterministic mode's turns on a dQ chunk's counter `turn`: wait until it reads `my_turn`
+// (with at_least: until it has reached it, for counters that may skip a turn: packed calls, whose
+// unchecked offsets may let two sequences share chunks), and pass the turn on (raising the
+// counter monotonically with at_least).
+__device__ __forceinline__ void wait_dq_turn(const int* turn, int my_turn, bool at_least) {
+  if (at_least) {
+    while (ld_acquire(turn) < my_turn) {
+    }
+  } else {
+    while (ld_acquire(turn) != my_turn) {
+    }
+  }
+}
+__device__ __forceinline__ void pass_dq_turn(int* turn, int my_turn, bool at_least) {
+  if (at_least) {
+    red_release_max(turn, my_turn + 1);
+  } else {
+    st_release(turn, my_turn + 1);
+  }
+}
+
 // A step's dQ epilogue: a consumer warpgroup's dQ (add_dq_fragments) into the workspace chunks
 // from `chunks` on. In the deterministic mode the key blocks that add into a chunk take turns on
-// its counter `turn`: thread 0 waits until the counter reads `my_turn` (with at_least: until it
-// has reached it, for counters that may skip a turn), the warpgroup adds, makes its reductions
-// visible, and thread 0 moves the counter past its turn. `barrier`: the warpgroup's named barrier.
+// its counter `turn`: thread 0 waits for `my_turn` (wait_dq_turn), the warpgroup adds, makes its
+// reductions visible, and thread 0 passes the turn on. `barrier`: the warpgroup's named barrier.
 template <int kHalfDT>
 __device__ __forceinline__ void add_dq_in_turn(float* chunks, const float (&dq)[kHalfDT][4],
                                                bool deterministic, int* turn, int my_turn,
                                                bool at_least, int barrier, int ctid) {
   if (deterministic) {
-    if (ctid == 0) {
-      if (at_least) {
-        while (ld_acquire(turn) < my_turn) {
-        }
-      } else {
-        while (ld_acquire(turn) != my_turn) {
-        }
-      }
-    }
+    if (ctid == 0) wait_dq_turn(turn, my_turn, at_least);
     named_bar_sync(barrier, 128);
   }
   add_dq_fragments(chunks, dq, ctid);
   if (deterministic) {
     __threadfence();
     named_bar_sync(barrier, 128);
-    if (ctid == 0) {
-      if (at_least) {
-        red_release_max(turn, my_turn + 1);
-      } else {
-        st_release(turn, my_turn + 1);
-      }
-    }
+    if (ctid == 0) pass_dq_turn(turn, my_turn, at_least);
   }
 }
 
@@ -353,6 +359,18 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[Tr::kDT][4],
 // consumers' arrivals it takes).
 enum class ModsCap { run_time, off, on };
 
+// The instantiations that can run on a persistent grid (tp.persist_tiles, set by the launcher
+// for dense calls without a causal mask): head dim 64's plain kernel without dropout. Each CTA
+// takes every gridDim.x-th tile (a key block of a (batch, kv head)), and the producer loads the
+// next tile's first Q and dO while the consumers write this one's dK and dV, which go out through
+// the K and V buffers. The other kernels compile the single tile of their block. With dropout the
+// persistent kernel spilled 60/84 bytes (32/32 without its code) and ran 1-11% slower than the
+// single-tile one (H100, nineteenth session in docs/benchmarks.md), so it stays without.
+template <class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles, bool kMods, bool kDet>
+constexpr bool backward_persists() {
+  return Tr::kHeadDim == 64 && !kDropout && !kBias && !kPacked && !kBiasTiles && !kMods && !kDet;
+}
+
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
           bool kMods = false, ModsCap kCap = ModsCap::run_time, bool kAlibi = true,
           bool kDet = false>
@@ -374,6 +392,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // bias tiles. The dense ones without a bias have none (on the H100 their window tests cost calls
   // without a window 1-5%; bwd_run.cuh sends windows to the modifiers' kernels).
   [[maybe_unused]] constexpr bool kWindowCode = kMods || kPacked || kBiasTiles;
+  constexpr bool kPersist =
+      backward_persists<Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kDet>();
+  static_assert(!kPersist || Tr::kOutBytes <= Tr::kKVBytes, "dK and dV staged in K and V");
   static_assert(!kBiasTiles || Tr::kStages == 2,
                 "the bias of step it lands in dS buffer it % 2, freed with Q/dO stage it % 2");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -429,13 +450,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   // Dense: key block y of (batch, kv head) z·gridDim.x + x: the grid's order in bands of
   // gridDim.x heads (bwd_traits.cuh, common/block_order.h). Plain expressions of the block index:
-  // computing the order (a division) cost the main loop registers and spills.
-  const int key_block = packed_call ? pk.block : static_cast<int>(blockIdx.y) + tp.key_block_base;
-  const int y = packed_call ? static_cast<int>(blockIdx.y)
-                            : static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x) + tp.head_base;
+  // computing the order (a division) cost the main loop registers and spills. A persistent grid
+  // (kPersist with tp.persist_tiles set): tiles blockIdx.x, + gridDim.x, ... of the
+  // persist_tiles, tile t being key block t % persist_key_blocks of (batch, kv head)
+  // t / persist_key_blocks (next_tile below moves to the next).
+  [[maybe_unused]] int tile = static_cast<int>(blockIdx.x);
+  int key_block = packed_call ? pk.block : static_cast<int>(blockIdx.y) + tp.key_block_base;
+  int y = packed_call ? static_cast<int>(blockIdx.y)
+                      : static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x) + tp.head_base;
+  if constexpr (kPersist) {
+    if (tp.persist_tiles > 0) {
+      key_block = tile % tp.persist_key_blocks;
+      y = tile / tp.persist_key_blocks;
+    }
+  }
   // Packed: b = the sequence (the dropout map's b; the b strides are 0), grid y the kv head.
-  const int b = packed_call ? pk.seq : y / p.Hkv, kvh = packed_call ? y : y % p.Hkv;
-  const std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBlockN;
+  int b = packed_call ? pk.seq : y / p.Hkv, kvh = packed_call ? y : y % p.Hkv;
+  std::int64_t n0 = static_cast<std::int64_t>(key_block) * kBlockN;
 
   // Query blocks that see any key of this block: all, or (causal) those with a row i where
   // n0 <= i + shift for some i in the block; a window also ends them (KeyMask::query_blocks).
@@ -458,6 +489,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Their order: head by head from the first query block, or in the deterministic mode under a
   // right bound from the last (common/block_order.h).
   const BackwardWalk walk{m_begin, m_count, p.group, kDet && tp.walk_from_last};
+  // A persistent grid's next tile into the values above (the kernels of kPersist are dense,
+  // without a window, and the launcher sets persist_tiles only without a causal mask): false
+  // once the CTA's tiles are done, and at once elsewhere.
+  auto next_tile = [&]() -> bool {
+    if constexpr (!kPersist) {
+      return false;
+    } else {
+      tile += static_cast<int>(gridDim.x);
+      if (tp.persist_tiles == 0 || tile >= tp.persist_tiles) return false;
+      key_block = tile % tp.persist_key_blocks;
+      y = tile / tp.persist_key_blocks;
+      b = y / p.Hkv;
+      kvh = y % p.Hkv;
+      n0 = static_cast<std::int64_t>(key_block) * kBlockN;
+      // Without a causal mask or a window every tile walks all query blocks of its heads: the
+      // walk and its item count stay the first tile's.
+      return true;
+    }
+  };
 
   if (tid == 0) {
 #pragma unroll
@@ -483,40 +533,43 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       prefetch_tensor_map(&tp.q);
       prefetch_tensor_map(&tp.dout);
       if constexpr (kBiasTiles) prefetch_tensor_map(&tp.bias);
-      for (int it = 0; it < items; ++it) {
-        const int s = it % kStages;
-        const std::uint32_t phase = (it / kStages) & 1;
-        const int hg = walk.head(it), m = walk.block(it);
-        const int h = kvh * p.group + hg;
-        mbar_wait(empty(s), phase ^ 1);
-        mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes + (kBiasTiles ? Tr::kDsBytes : 0));
-        // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
-        const int row = m * kBlockM + (packed_call ? pk.q0 : 0), batch = packed_call ? 0 : b;
+      int step0 = 0;  // the ring's steps of the CTA's earlier tiles (kPersist)
+      do {
+        for (int it = 0; it < items; ++it) {
+          const int s = (step0 + it) % kStages;
+          const std::uint32_t phase = ((step0 + it) / kStages) & 1;
+          const int hg = walk.head(it), m = walk.block(it);
+          const int h = kvh * p.group + hg;
+          mbar_wait(empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes + (kBiasTiles ? Tr::kDsBytes : 0));
+          // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
+          const int row = m * kBlockM + (packed_call ? pk.q0 : 0), batch = packed_call ? 0 : b;
 #pragma unroll
-        for (int db = 0; db < Tr::kDBlocks; ++db) {
-          tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
-          tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, row, h, batch);
+          for (int db = 0; db < Tr::kDBlocks; ++db) {
+            tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
+            tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, row, h, batch);
+          }
+          if constexpr (kBiasTiles) {
+            // The step's bias entries into dS buffer s, which is free: the consumers arrive on
+            // empty(s) only after step it - 2's dQ products, the last reader of that buffer. Box
+            // (qb, w): queries 64·qb .. 64·qb + 63 of the block by the 64 keys of warpgroup w,
+            // a query per 128-byte row, in warpgroup w's rows of the buffer (its dS goes there
+            // later: it reads its bias first). A broadcast dimension has one index, 0; TMA
+            // zero-fills queries past Lq and keys past Lk.
+            const int bias_h = p.bias_stride.h != 0 ? h : 0, bias_b = p.bias_stride.b != 0 ? b : 0;
+            const std::uint32_t ds = base + Tr::kOffDs + s * Tr::kDsBytes;
+#pragma unroll
+            for (int qb = 0; qb < kBlockM / 64; ++qb)
+#pragma unroll
+              for (int w = 0; w < Tr::kConsumers; ++w) {
+                tma_load_4d(ds + qb * (kBlockN * 128) + w * 64 * 128, &tp.bias, full(s),
+                            static_cast<int>(n0) + 64 * w, row + 64 * qb, bias_h, bias_b);
+              }
+          }
         }
-        if constexpr (kBiasTiles) {
-          // The step's bias entries into dS buffer s, which is free: the consumers arrive on
-          // empty(s) only after step it - 2's dQ products, the last reader of that buffer. Box
-          // (qb, w): queries 64·qb .. 64·qb + 63 of the block by the 64 keys of warpgroup w,
-          // a query per 128-byte row, in warpgroup w's rows of the buffer (its dS goes there
-          // later: it reads its bias first). A broadcast dimension has one index, 0; TMA
-          // zero-fills queries past Lq and keys past Lk.
-          const int bias_h = p.bias_stride.h != 0 ? h : 0, bias_b = p.bias_stride.b != 0 ? b : 0;
-          const std::uint32_t ds = base + Tr::kOffDs + s * Tr::kDsBytes;
-#pragma unroll
-          for (int qb = 0; qb < kBlockM / 64; ++qb)
-#pragma unroll
-            for (int w = 0; w < Tr::kConsumers; ++w) {
-              tma_load_4d(ds + qb * (kBlockN * 128) + w * 64 * 128, &tp.bias, full(s),
-                          static_cast<int>(n0) + 64 * w, row + 64 * qb, bias_h, bias_b);
-            }
-        }
-      }
-    } else if (kDet && items > 0 && tid % 32 == 0 && tid / 32 >= 1 &&
-               tid / 32 <= Tr::kConsumers) {
+        step0 += items;
+      } while (next_tile());
+    } else if (kDet && items > 0 && tid % 32 == 0 && tid / 32 >= 1 && tid / 32 <= Tr::kConsumers) {
       // ---------------- deterministic dQ writers (lane 0 of warps 1 .. kConsumers) ----------
       // Writer w adds consumer w's staged dQ of each step into its workspace chunk when the
       // chunk's turn comes (one bulk reduction), frees the stage once the reduction has read it,
@@ -528,26 +581,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const std::int64_t chunk = dq_slot(s, w)->chunk;
         const int my_turn = dq_slot(s, w)->turn;
         int* const turn = tp.dq_turn + chunk;
-        if (packed_call) {  // "at least": see the consumers' step
-          while (ld_acquire(turn) < my_turn) {
-          }
-        } else {
-          while (ld_acquire(turn) != my_turn) {
-          }
-        }
+        wait_dq_turn(turn, my_turn, packed_call);
         fence_proxy_async_global();  // the previous adder's writes before this reduction
-        bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, dq_stage(it, w),
-                            Tr::kDqFloats * 4);
+        bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, dq_stage(it, w), Tr::kDqFloats * 4);
         bulk_commit();
         bulk_wait_read<0>();
         mbar_arrive(empty(s));
         bulk_wait<0>();
         fence_proxy_async_global();  // the reduction's writes before the release
-        if (packed_call) {
-          red_release_max(turn, my_turn + 1);
-        } else {
-          st_release(turn, my_turn + 1);
-        }
+        pass_dq_turn(turn, my_turn, packed_call);
       }
     }
     return;
@@ -585,534 +627,550 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   };
 
-  // K and V, rows permuted inside each 64-key block (bwd_key_of_row), 16-byte chunks placed as
-  // the 128-byte swizzle wants them; keys past Lk (packed: the sequence's) and columns past D / Dv
-  // are zero.
-  {
-    const T* kg =
-        static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
-    const T* vg =
-        static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
-    constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
-    for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
-      const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
-      const std::int64_t key = n0 + bwd_key_of_row(row);
-      const int col = 64 * db + 8 * chunk;
-      const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
-      const bool row_ok = key < seq_Lk();
-      const std::int64_t kc = row_ok ? key : 0;
-      cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
-                  row_ok && col < p.D ? 16 : 0);
-      cp_async_16(smem + Tr::kOffV + dst, vg + kc * p.v_stride.l + (col < p.Dv ? col : 0),
-                  row_ok && col < p.Dv ? 16 : 0);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async_smem();  // written by ordinary copies, read by wgmma
-    named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
-  }
-
-  detail::DropoutKey rng_key{0u, 0u};
-  if (dropout_on) {
-    const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
-    const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
-    rng_key = detail::dropout_key(seed, offset);
-  }
-  // dV, dK, dQ and dbias are accumulated from Pᵀ∘M and dSᵀ / keep_scale (see the dS step).
-  const float ds_scale = dropout_on ? p.keep_scale : 1.0f;
-  const bool causal = is_causal(p);
-  const std::int64_t causal_shift = packed_call ? pk.causal_shift : p.causal_shift;
-  // This thread's keys (its rows of Sᵀ in row halves 0 and 1): key0 and key0 + 1.
-  const std::int64_t key0 = n0 + 64 * wg + 8 * g + 2 * warp;
-  // The dropout map's block of these keys and (below) rows: global coordinates (params.h).
-  const std::uint64_t key_block64 = static_cast<std::uint64_t>((n0 + 64 * wg) / 64) + p.k_block64;
-
-  float dk[kDT][4], dv[kDT][4];
-#pragma unroll
-  for (int j = 0; j < kDT; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) dk[j][r] = dv[j][r] = 0.0f;
-
-  // Descriptors: this warpgroup's K and V rows (A, K-major); the stage's Q and dO as the B of
-  // Sᵀ, dPᵀ (K-major) and of dK, dV (N-major, N = head dim); dS (A of dQ, M-major) and K (B of
-  // dQ, N-major). Stages and steps move only the start address.
-  const std::uint64_t k_desc = smem_desc_sw128(sK + wg * 64 * 128, 16, 1024);
-  const std::uint64_t v_desc = smem_desc_sw128(sV + wg * 64 * 128, 16, 1024);
-  const std::uint64_t q_desc_k = smem_desc_sw128(sQ(0), 16, 1024);
-  const std::uint64_t do_desc_k = smem_desc_sw128(sDo(0), 16, 1024);
-  const std::uint64_t q_desc_n = smem_desc_sw128(sQ(0), Tr::kQBlockBytes, 1024);
-  const std::uint64_t do_desc_n = smem_desc_sw128(sDo(0), Tr::kQBlockBytes, 1024);
-  const std::uint64_t ds_desc = smem_desc_sw128(
-      base + Tr::kOffDs + (Tr::kDqSplitRows ? wg * kBlockN * 128 : 0), kBlockN * 128, 1024);
-  const std::uint64_t kdq_desc = smem_desc_sw128(
-      sK + (Tr::kDqSplitRows ? 0 : wg * Tr::kKVBlockBytes), Tr::kKVBlockBytes, 1024);
-
-  const DbiasMode dbias_mode = has_bias ? tp.dbias_mode : DbiasMode::none;
-  const std::int64_t bias_b = has_bias ? b * p.bias_stride.b : 0;
-  const float score_limit = has_bias ? bias_score_limit(p.scale) : 0.0f;
-
-  // Dropout keep-bits of an item: keep[kb] nibble n' bit 2e + h is the element of row half h
-  // and column e of n8 tile 8·kb + n'. Drawn while the tensor cores run the item's Sᵀ and dPᵀ
-  // (measured on the H200: drawing the next item's under dV, dK and dQ instead was 2% slower on
-  // the head-dim-128 shapes and spilled with 128 queries per step). The modifiers' kernel without
-  // dropout keeps every element (words of ones: no Philox calls).
-  constexpr int kKeepWords = kDropout ? kNT / 8 : 1;
-  auto draw_keep = [&](int item, std::uint32_t(&words)[kKeepWords]) {
-    if (kDropout && !dropout_on) {
-#pragma unroll
-      for (int kb = 0; kb < kKeepWords; ++kb) words[kb] = ~0u;
-    } else if constexpr (kDropout) {
-      const int hg = walk.head(item), m = walk.block(item);
-      const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + kvh * p.group + hg;
-      const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
-#pragma unroll
-      for (int kb = 0; kb < kNT / 8; ++kb) {
-        std::uint32_t bits[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const std::int64_t i = m0 + 64 * kb + 8 * g + 2 * t + e;
-          bits[e] = keep_bits16_fast(
-              detail::dropout_call(rng_key, bh, static_cast<std::uint64_t>(i) + p.q_start,
-                                   key_block64, static_cast<std::uint32_t>(warp)),
-              p.keep_threshold);
-        }
-        words[kb] =
-            transpose_nibbles8(spread_bit_pairs(bits[0]) | (spread_bit_pairs(bits[1]) << 2), g);
+  // The CTA's tiles (one but with kPersist); step0: the ring's steps of the earlier ones.
+  for (int step0 = 0;;) {
+    // K and V, rows permuted inside each 64-key block (bwd_key_of_row), 16-byte chunks placed as
+    // the 128-byte swizzle wants them; keys past Lk (packed: the sequence's) and columns past D /
+    // Dv are zero.
+    {
+      const T* kg =
+          static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
+      const T* vg =
+          static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
+      constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
+      for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
+        const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
+        const std::int64_t key = n0 + bwd_key_of_row(row);
+        const int col = 64 * db + 8 * chunk;
+        const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
+        const bool row_ok = key < seq_Lk();
+        const std::int64_t kc = row_ok ? key : 0;
+        cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
+                    row_ok && col < p.D ? 16 : 0);
+        cp_async_16(smem + Tr::kOffV + dst, vg + kc * p.v_stride.l + (col < p.Dv ? col : 0),
+                    row_ok && col < p.Dv ? 16 : 0);
       }
-    }
-  };
-  std::uint32_t keep[kKeepWords] = {};
-
-  // lse·log2(e) and delta of an item's queries, copied by each consumer warpgroup into its own
-  // double buffer one item ahead (ordinary asynchronous copies) by warps 1 .. 2·kStatChunks/32.
-  // (Not warp 0 since dQ went out by bulk reductions from its thread 0, which the hardware counts
-  // with the same scoreboard as cp.async: waiting for the copies waited for the last reduction
-  // too, 12% of the gpt-2k backward on the H200. dQ's reductions are ordinary ones now.)
-  constexpr int kStatChunks = Tr::kStatBytes / 16;
-  const int stat_copy = ctid - 32;  // this thread's 16-byte chunk, when in [0, 2·kStatChunks)
-  const bool stat_copier = stat_copy >= 0 && stat_copy < 2 * kStatChunks;  // whole warps
-  auto stats = [&](int buffer, int array) {
-    return smem + Tr::kOffStats + ((wg * 2 + buffer) * 2 + array) * Tr::kStatBytes;
-  };
-  auto prefetch_stats = [&](int item) {
-    if (stat_copier) {
-      const int hg = walk.head(item), m = walk.block(item);
-      std::int64_t row;
-      if (packed_call) {  // the sequence's region of head h (b strides are 0)
-        row =
-            (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base() + m) * kBlockM;
-      } else {
-        row = (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
-              static_cast<std::int64_t>(m) * kBlockM;
-      }
-      const int array = stat_copy / kStatChunks, chunk = stat_copy % kStatChunks;
-      const float* src = (array == 0 ? tp.lse_log2 : p.softmax_d) + row + 4 * chunk;
-      cp_async_16(stats(item & 1, array) + 16 * chunk, src, 16);
       cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_smem();  // written by ordinary copies, read by wgmma
+      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
     }
-  };
-  if (items > 0) prefetch_stats(0);
 
-  for (int it = 0; it < items; ++it) {
-    const int s = it % kStages, buf = it & 1;
-    const std::uint32_t phase = (it / kStages) & 1;
-    const int hg = walk.head(it), m = walk.block(it);
-    const int h = kvh * p.group + hg;
-    const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
-    const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
-    // This item's stats have landed (this thread's copies, then the warpgroup's); the other
-    // buffer was last read in the previous item, which every thread of the warpgroup has left.
-    if (stat_copier) cp_async_wait<0>();
-    named_bar_sync(Tr::kStatBarrier + wg, 128);
-    if (it + 1 < items) prefetch_stats(it + 1);
-    const float* lse_s = reinterpret_cast<const float*>(stats(it & 1, 0));
-    const float* delta_s = reinterpret_cast<const float*>(stats(it & 1, 1));
+    detail::DropoutKey rng_key{0u, 0u};
+    if (dropout_on) {
+      const std::uint64_t seed = p.seed_ptr ? *p.seed_ptr : p.seed;
+      const std::uint64_t offset = p.offset_ptr ? *p.offset_ptr : p.offset;
+      rng_key = detail::dropout_key(seed, offset);
+    }
+    // dV, dK, dQ and dbias are accumulated from Pᵀ∘M and dSᵀ / keep_scale (see the dS step).
+    const float ds_scale = dropout_on ? p.keep_scale : 1.0f;
+    const bool causal = is_causal(p);
+    const std::int64_t causal_shift = packed_call ? pk.causal_shift : p.causal_shift;
+    // This thread's keys (its rows of Sᵀ in row halves 0 and 1): key0 and key0 + 1.
+    const std::int64_t key0 = n0 + 64 * wg + 8 * g + 2 * warp;
+    // The dropout map's block of these keys and (below) rows: global coordinates (params.h).
+    const std::uint64_t key_block64 = static_cast<std::uint64_t>((n0 + 64 * wg) / 64) + p.k_block64;
 
-    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 64 keys x kBlockM queries each.
-    float sacc[kNT][4], dpacc[kNT][4];
-    mbar_wait(full(s), phase);
-    wgmma_fence();
+    float dk[kDT][4], dv[kDT][4];
 #pragma unroll
-    for (int ks = 0; ks < Tr::kSdPSteps; ++ks) {
-      const std::uint32_t a_off = (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
-      const std::uint32_t b_off = s * Tr::kQBytes + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
-      Wgmma<T, kBlockM>::template ss<0, 0>(sacc, desc_advance(k_desc, a_off),
-                                           desc_advance(q_desc_k, b_off), ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
+    for (int j = 0; j < kDT; ++j)
 #pragma unroll
-    for (int ks = 0; ks < Tr::kSdPSteps; ++ks) {
-      const std::uint32_t a_off = (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
-      const std::uint32_t b_off = s * Tr::kQBytes + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
-      Wgmma<T, kBlockM>::template ss<0, 0>(dpacc, desc_advance(v_desc, a_off),
-                                           desc_advance(do_desc_k, b_off), ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    draw_keep(it, keep);
+      for (int r = 0; r < 4; ++r) dk[j][r] = dv[j][r] = 0.0f;
 
-    // Whether the step's (keys, queries) tile needs the element mask: the window's test in the
-    // instantiations that have it (when the call has one), else the causal mask's and Lk's.
-    bool need_mask = n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
-    if constexpr (kWindowCode) {
-      if (window) {
-        need_mask = KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}
-                        .template tile_needs_mask<kBlockM, kBlockN>(m0, n0);
-      }
-    }
-    // Pᵀ∘Z and dSᵀ as wgmma A fragments (16 queries per k-step).
-    std::uint32_t pf[Tr::kKVSteps][4], dsf[Tr::kKVSteps][4];
-    if constexpr (kMods) {
-      // The modifiers' step from Sᵀ and dPᵀ (waiting for them) to pf = Pᵀ∘Z and dsf = dSᵀ of the
-      // scaled product, with dbias written on the way: the score is cap(scale·s) + bias -
-      // slope·|i + shift - j| (each where the call has it), masked by the window, the causal
-      // mask and Lk (need_mask), and the cap's derivative 1 - tanh² multiplies dS after dbias
-      // took it. Without a cap P is computed while dPᵀ is still on the tensor cores, as in the
-      // plain step; with one, the cap, P and dS of each element in one pass after it (ptxas,
-      // sm_90a, head dim 64: capping first, while dPᵀ ran, spilled half as much again).
-      const KeyMask mask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach};
-      const bool cap = kCap == ModsCap::on ||
-                       (kCap == ModsCap::run_time && (p.mods.flags & ScoreMods::kSoftcap) != 0);
-      [[maybe_unused]] float slope = 0.0f, diagonal = 0.0f;
-      if constexpr (kAlibi) {
-        slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
-        // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
-        diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
-      }
-      BiasColumns<T> bc;
-      if (has_bias) {
-        bc = bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
-                             m0, t, key0, p.Lq, p.Lk);
-      }
-      int lo[2] = {0, 0}, hi[2] = {8 * kNT, 8 * kNT};
-      if (need_mask) visible_columns<kNT>(mask, m0, t, key0, lo, hi);
-      // P of element (n, r) from its score sv in units of q·k (capped already where the call
-      // has a cap); 0 where masked. A -inf bias masks the key whatever sv holds (mask.cuh).
-      auto p_of = [&](int n, int r, float sv) {
-        const int c = 8 * n + (r & 1), hh = r >> 1;
-        float pv;
-        if constexpr (kAlibi) {
-          float x = sv * p.scale;
-          if (has_bias) {
-            const float entry = bc.per_key()
-                                    ? (c + 2 * t < bc.rows ? (hh ? bc.key_hi : bc.key_lo) : 0.0f)
-                                    : bc.at(c, t, hh);
-            x = fmaf(bias_safe_score(sv, score_limit), p.scale, entry);
+    // Descriptors: this warpgroup's K and V rows (A, K-major); the stage's Q and dO as the B of
+    // Sᵀ, dPᵀ (K-major) and of dK, dV (N-major, N = head dim); dS (A of dQ, M-major) and K (B of
+    // dQ, N-major). Stages and steps move only the start address.
+    const std::uint64_t k_desc = smem_desc_sw128(sK + wg * 64 * 128, 16, 1024);
+    const std::uint64_t v_desc = smem_desc_sw128(sV + wg * 64 * 128, 16, 1024);
+    const std::uint64_t q_desc_k = smem_desc_sw128(sQ(0), 16, 1024);
+    const std::uint64_t do_desc_k = smem_desc_sw128(sDo(0), 16, 1024);
+    const std::uint64_t q_desc_n = smem_desc_sw128(sQ(0), Tr::kQBlockBytes, 1024);
+    const std::uint64_t do_desc_n = smem_desc_sw128(sDo(0), Tr::kQBlockBytes, 1024);
+    const std::uint64_t ds_desc = smem_desc_sw128(
+        base + Tr::kOffDs + (Tr::kDqSplitRows ? wg * kBlockN * 128 : 0), kBlockN * 128, 1024);
+    const std::uint64_t kdq_desc = smem_desc_sw128(
+        sK + (Tr::kDqSplitRows ? 0 : wg * Tr::kKVBlockBytes), Tr::kKVBlockBytes, 1024);
+
+    const DbiasMode dbias_mode = has_bias ? tp.dbias_mode : DbiasMode::none;
+    const std::int64_t bias_b = has_bias ? b * p.bias_stride.b : 0;
+    const float score_limit = has_bias ? bias_score_limit(p.scale) : 0.0f;
+
+    // Dropout keep-bits of an item: keep[kb] nibble n' bit 2e + h is the element of row half h
+    // and column e of n8 tile 8·kb + n'. Drawn while the tensor cores run the item's Sᵀ and dPᵀ
+    // (measured on the H200: drawing the next item's under dV, dK and dQ instead was 2% slower on
+    // the head-dim-128 shapes and spilled with 128 queries per step). The modifiers' kernel without
+    // dropout keeps every element (words of ones: no Philox calls).
+    constexpr int kKeepWords = kDropout ? kNT / 8 : 1;
+    auto draw_keep = [&](int item, std::uint32_t(&words)[kKeepWords]) {
+      if (kDropout && !dropout_on) {
+#pragma unroll
+        for (int kb = 0; kb < kKeepWords; ++kb) words[kb] = ~0u;
+      } else if constexpr (kDropout) {
+        const int hg = walk.head(item), m = walk.block(item);
+        const std::uint64_t bh = static_cast<std::uint64_t>(b) * p.Hq + kvh * p.group + hg;
+        const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
+#pragma unroll
+        for (int kb = 0; kb < kNT / 8; ++kb) {
+          std::uint32_t bits[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const std::int64_t i = m0 + 64 * kb + 8 * g + 2 * t + e;
+            bits[e] = keep_bits16_fast(
+                detail::dropout_call(rng_key, bh, static_cast<std::uint64_t>(i) + p.q_start,
+                                     key_block64, static_cast<std::uint32_t>(warp)),
+                p.keep_threshold);
           }
-          x = fmaf(-slope, fabsf(diagonal + static_cast<float>(c - hh)), x);
-          pv = fast_exp2(fmaf(x, kLog2e, -lse_s[c + 2 * t]));
-        } else {  // the plain step's P (no bias, no cap)
-          pv = fast_exp2(fmaf(sv, p.scale_log2, -lse_s[c + 2 * t]));
+          words[kb] =
+              transpose_nibbles8(spread_bit_pairs(bits[0]) | (spread_bit_pairs(bits[1]) << 2), g);
         }
-        return c < lo[hh] || c >= hi[hh] ? 0.0f : pv;
-      };
-      wgmma_wait<1>();
-      fence_operands(sacc);
-      if (!cap) {  // P while dPᵀ is still on the tensor cores
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) sacc[n][r] = p_of(n, r, sacc[n][r]);
       }
-      wgmma_wait<0>();
-      fence_operands(dpacc);
-      // dS as the plain step has it (Pᵀ∘(M∘dPᵀ − delta / keep_scale), dropout's mask all ones
-      // without dropout), 0 in the columns of a query that sees a single key (bit 2n + e of
-      // `single`; kv_block: it may see other keys elsewhere, never packed). dbias takes it from
-      // the fragment after the loop, before the cap's derivative: with a cap, Pᵀ∘Z and 1 - tanh²
-      // share each element's register in sacc meanwhile (pack_p_and_cap_grad), so no fragment
-      // beyond the plain step's is held (ptxas, sm_90a, head dim 64: a separate one serialized the
-      // wgmmas; writing dbias element by element took ptxas 15 s).
-      const std::uint32_t single =
-          need_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
-      auto ds_loop = [&](auto with_cap) {
-        constexpr bool kWithCap = decltype(with_cap)::value;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int e = r & 1;
-            float pv = sacc[n][r], cap_grad = 1.0f;
-            if constexpr (kWithCap) {
-              const float capped = softcap_score(sacc[n][r], p.mods);
-              const float th = capped * p.mods.softcap_in;  // tanh(scale·s / softcap)
-              pv = p_of(n, r, capped);
-              cap_grad = fmaf(-th, th, 1.0f);
-            }
-            // Without dropout (a kernel compiled without it has no keep words) all kept.
-            const std::uint32_t kept = kDropout ? kept_mask(keep, n, r) : ~0u;
-            dpacc[n][r] = pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) -
-                                delta_s[8 * n + 2 * t + e]);
-            if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
-            const float pz = __uint_as_float(__float_as_uint(pv) & kept);
-            sacc[n][r] = kWithCap ? pack_p_and_cap_grad<T>(pz, cap_grad) : pz;
-          }
-        }
-      };
-      if (cap) {  // a constant but in the general kernel (kCap)
-        ds_loop(std::true_type{});
-      } else {
-        ds_loop(std::false_type{});
-      }
-      if (has_bias) {
-        write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1, t);
-      }
-      if (cap) {
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) dpacc[n][r] *= cap_grad_of(sacc[n][r]);
-          // pf pairs (element 0 low, 1 high) from the upper halves (pack_p_and_cap_grad's P∘Z).
-          pf[n / 2][2 * (n % 2)] =
-              __byte_perm(__float_as_uint(sacc[n][0]), __float_as_uint(sacc[n][1]), 0x7632);
-          pf[n / 2][2 * (n % 2) + 1] =
-              __byte_perm(__float_as_uint(sacc[n][2]), __float_as_uint(sacc[n][3]), 0x7632);
-        }
-      } else {
-        pack_fragments<T>(pf, sacc);
-      }
-      pack_fragments<T>(dsf, dpacc);
-    } else {
-      // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked. bias_at(n, r): the
-      // entry of fragment element (n, r).
-      auto scores_to_p = [&](auto bias_at) {
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const float lse2 = (r & 1) ? l2.y : l2.x;
-            float x;
-            if constexpr (kBias) {
-              // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
-              x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)),
-                       kLog2e, -lse2);
-            } else {
-              x = fmaf(sacc[n][r], p.scale_log2, -lse2);
-            }
-            sacc[n][r] = fast_exp2(x);
-          }
-        }
-      };
-      if constexpr (kBiasTiles) {
-        // This warpgroup's entries in the dS buffer (the producer's boxes): query 8n + 2t + e of
-        // the block in row 8(n % 8) + 2t + e of box n / 8, its keys key0, key0 + 1 (8g + 2·warp
-        // of the warpgroup's 64) in one 4-byte word of 16-byte chunk g, swizzled by the row.
-        const unsigned char* const tile = smem + Tr::kOffDs + buf * Tr::kDsBytes + wg * 64 * 128;
-        wgmma_wait<1>();
-        fence_operands(sacc);
-        scores_to_p([&](int n, int r) {
-          const int row = 8 * (n % 8) + 2 * t + (r & 1);
-          const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
-              tile + (n / 8) * (kBlockN * 128) + row * 128 + (((g ^ row) & 7) << 4) + 4 * warp);
-          return (r >> 1) ? unpack_hi<T>(w) : unpack_lo<T>(w);
-        });
-      } else if constexpr (kBias) {
-        const BiasColumns<T> bc =
-            bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
-                            m0, t, key0, p.Lq, p.Lk);
-        wgmma_wait<1>();
-        fence_operands(sacc);
-        if (bc.per_key()) {  // a key-padding mask: the two entries read above
-          scores_to_p([&](int n, int r) {
-            return 8 * n + 2 * t + (r & 1) < bc.rows ? ((r >> 1) ? bc.key_hi : bc.key_lo) : 0.0f;
-          });
+    };
+    std::uint32_t keep[kKeepWords] = {};
+
+    // lse·log2(e) and delta of an item's queries, copied by each consumer warpgroup into its own
+    // double buffer one item ahead (ordinary asynchronous copies) by warps 1 .. 2·kStatChunks/32.
+    // (Not warp 0 since dQ went out by bulk reductions from its thread 0, which the hardware counts
+    // with the same scoreboard as cp.async: waiting for the copies waited for the last reduction
+    // too, 12% of the gpt-2k backward on the H200. dQ's reductions are ordinary ones now.)
+    constexpr int kStatChunks = Tr::kStatBytes / 16;
+    const int stat_copy = ctid - 32;  // this thread's 16-byte chunk, when in [0, 2·kStatChunks)
+    const bool stat_copier = stat_copy >= 0 && stat_copy < 2 * kStatChunks;  // whole warps
+    auto stats = [&](int buffer, int array) {
+      return smem + Tr::kOffStats + ((wg * 2 + buffer) * 2 + array) * Tr::kStatBytes;
+    };
+    auto prefetch_stats = [&](int item) {
+      if (stat_copier) {
+        const int hg = walk.head(item), m = walk.block(item);
+        std::int64_t row;
+        if (packed_call) {  // the sequence's region of head h (b strides are 0)
+          row = (static_cast<std::int64_t>(kvh * p.group + hg) * tp.m_blocks + m_base() + m) *
+                kBlockM;
         } else {
-          scores_to_p([&](int n, int r) { return bc.at(8 * n + (r & 1), t, r >> 1); });
+          row = (static_cast<std::int64_t>(b) * p.Hq + kvh * p.group + hg) * tp.lq_pad +
+                static_cast<std::int64_t>(m) * kBlockM;
         }
-      } else {
+        const int array = stat_copy / kStatChunks, chunk = stat_copy % kStatChunks;
+        const float* src = (array == 0 ? tp.lse_log2 : p.softmax_d) + row + 4 * chunk;
+        cp_async_16(stats(item & 1, array) + 16 * chunk, src, 16);
+        cp_async_commit();
+      }
+    };
+    if (items > 0) prefetch_stats(0);
+
+    for (int it = 0; it < items; ++it) {
+      const int s = (step0 + it) % kStages, buf = it & 1;
+      const std::uint32_t phase = ((step0 + it) / kStages) & 1;
+      const int hg = walk.head(it), m = walk.block(it);
+      const int h = kvh * p.group + hg;
+      const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hq + h;
+      const std::int64_t m0 = static_cast<std::int64_t>(m) * kBlockM;
+      // This item's stats have landed (this thread's copies, then the warpgroup's); the other
+      // buffer was last read in the previous item, which every thread of the warpgroup has left.
+      if (stat_copier) cp_async_wait<0>();
+      named_bar_sync(Tr::kStatBarrier + wg, 128);
+      if (it + 1 < items) prefetch_stats(it + 1);
+      const float* lse_s = reinterpret_cast<const float*>(stats(it & 1, 0));
+      const float* delta_s = reinterpret_cast<const float*>(stats(it & 1, 1));
+
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 64 keys x kBlockM queries each.
+      float sacc[kNT][4], dpacc[kNT][4];
+      mbar_wait(full(s), phase);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < Tr::kSdPSteps; ++ks) {
+        const std::uint32_t a_off = (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
+        const std::uint32_t b_off = s * Tr::kQBytes + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
+        Wgmma<T, kBlockM>::template ss<0, 0>(sacc, desc_advance(k_desc, a_off),
+                                             desc_advance(q_desc_k, b_off), ks > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int ks = 0; ks < Tr::kSdPSteps; ++ks) {
+        const std::uint32_t a_off = (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
+        const std::uint32_t b_off = s * Tr::kQBytes + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
+        Wgmma<T, kBlockM>::template ss<0, 0>(dpacc, desc_advance(v_desc, a_off),
+                                             desc_advance(do_desc_k, b_off), ks > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      draw_keep(it, keep);
+
+      // Whether the step's (keys, queries) tile needs the element mask: the window's test in the
+      // instantiations that have it (when the call has one), else the causal mask's and Lk's.
+      bool need_mask = n0 + kBlockN > seq_Lk() || (causal && n0 + kBlockN - 1 > m0 + causal_shift);
+      if constexpr (kWindowCode) {
+        if (window) {
+          need_mask = KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}
+                          .template tile_needs_mask<kBlockM, kBlockN>(m0, n0);
+        }
+      }
+      // Pᵀ∘Z and dSᵀ as wgmma A fragments (16 queries per k-step).
+      std::uint32_t pf[Tr::kKVSteps][4], dsf[Tr::kKVSteps][4];
+      if constexpr (kMods) {
+        // The modifiers' step from Sᵀ and dPᵀ (waiting for them) to pf = Pᵀ∘Z and dsf = dSᵀ of the
+        // scaled product, with dbias written on the way: the score is cap(scale·s) + bias -
+        // slope·|i + shift - j| (each where the call has it), masked by the window, the causal
+        // mask and Lk (need_mask), and the cap's derivative 1 - tanh² multiplies dS after dbias
+        // took it. Without a cap P is computed while dPᵀ is still on the tensor cores, as in the
+        // plain step; with one, the cap, P and dS of each element in one pass after it (ptxas,
+        // sm_90a, head dim 64: capping first, while dPᵀ ran, spilled half as much again).
+        const KeyMask mask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach};
+        const bool cap = kCap == ModsCap::on ||
+                         (kCap == ModsCap::run_time && (p.mods.flags & ScoreMods::kSoftcap) != 0);
+        [[maybe_unused]] float slope = 0.0f, diagonal = 0.0f;
+        if constexpr (kAlibi) {
+          slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
+          // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
+          diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
+        }
+        BiasColumns<T> bc;
+        if (has_bias) {
+          bc = bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h,
+                               p.bias_stride.l, m0, t, key0, p.Lq, p.Lk);
+        }
+        int lo[2] = {0, 0}, hi[2] = {8 * kNT, 8 * kNT};
+        if (need_mask) visible_columns<kNT>(mask, m0, t, key0, lo, hi);
+        // P of element (n, r) from its score sv in units of q·k (capped already where the call
+        // has a cap); 0 where masked. A -inf bias masks the key whatever sv holds (mask.cuh).
+        auto p_of = [&](int n, int r, float sv) {
+          const int c = 8 * n + (r & 1), hh = r >> 1;
+          float pv;
+          if constexpr (kAlibi) {
+            float x = sv * p.scale;
+            if (has_bias) {
+              const float entry = bc.per_key()
+                                      ? (c + 2 * t < bc.rows ? (hh ? bc.key_hi : bc.key_lo) : 0.0f)
+                                      : bc.at(c, t, hh);
+              x = fmaf(bias_safe_score(sv, score_limit), p.scale, entry);
+            }
+            x = fmaf(-slope, fabsf(diagonal + static_cast<float>(c - hh)), x);
+            pv = fast_exp2(fmaf(x, kLog2e, -lse_s[c + 2 * t]));
+          } else {  // the plain step's P (no bias, no cap)
+            pv = fast_exp2(fmaf(sv, p.scale_log2, -lse_s[c + 2 * t]));
+          }
+          return c < lo[hh] || c >= hi[hh] ? 0.0f : pv;
+        };
         wgmma_wait<1>();
         fence_operands(sacc);
-        scores_to_p([](int, int) { return 0.0f; });
-      }
-      if constexpr (kWindowCode) {
-        if (need_mask && window) {  // the window's span of queries per key row, as columns
-          int lo[2], hi[2];
-          visible_columns<kNT>(
-              KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}, m0, t,
-              key0, lo, hi);
+        if (!cap) {  // P while dPᵀ is still on the tensor cores
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) sacc[n][r] = p_of(n, r, sacc[n][r]);
+        }
+        wgmma_wait<0>();
+        fence_operands(dpacc);
+        // dS as the plain step has it (Pᵀ∘(M∘dPᵀ − delta / keep_scale), dropout's mask all ones
+        // without dropout), 0 in the columns of a query that sees a single key (bit 2n + e of
+        // `single`; kv_block: it may see other keys elsewhere, never packed). dbias takes it from
+        // the fragment after the loop, before the cap's derivative: with a cap, Pᵀ∘Z and 1 - tanh²
+        // share each element's register in sacc meanwhile (pack_p_and_cap_grad), so no fragment
+        // beyond the plain step's is held (ptxas, sm_90a, head dim 64: a separate one serialized
+        // the wgmmas; writing dbias element by element took ptxas 15 s).
+        const std::uint32_t single =
+            need_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
+        auto ds_loop = [&](auto with_cap) {
+          constexpr bool kWithCap = decltype(with_cap)::value;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int e = r & 1;
+              float pv = sacc[n][r], cap_grad = 1.0f;
+              if constexpr (kWithCap) {
+                const float capped = softcap_score(sacc[n][r], p.mods);
+                const float th = capped * p.mods.softcap_in;  // tanh(scale·s / softcap)
+                pv = p_of(n, r, capped);
+                cap_grad = fmaf(-th, th, 1.0f);
+              }
+              // Without dropout (a kernel compiled without it has no keep words) all kept.
+              const std::uint32_t kept = kDropout ? kept_mask(keep, n, r) : ~0u;
+              dpacc[n][r] = pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) -
+                                  delta_s[8 * n + 2 * t + e]);
+              if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
+              const float pz = __uint_as_float(__float_as_uint(pv) & kept);
+              sacc[n][r] = kWithCap ? pack_p_and_cap_grad<T>(pz, cap_grad) : pz;
+            }
+          }
+        };
+        if (cap) {  // a constant but in the general kernel (kCap)
+          ds_loop(std::true_type{});
+        } else {
+          ds_loop(std::false_type{});
+        }
+        if (has_bias) {
+          write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1,
+                         t);
+        }
+        if (cap) {
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) dpacc[n][r] *= cap_grad_of(sacc[n][r]);
+            // pf pairs (element 0 low, 1 high) from the upper halves (pack_p_and_cap_grad's P∘Z).
+            pf[n / 2][2 * (n % 2)] =
+                __byte_perm(__float_as_uint(sacc[n][0]), __float_as_uint(sacc[n][1]), 0x7632);
+            pf[n / 2][2 * (n % 2) + 1] =
+                __byte_perm(__float_as_uint(sacc[n][2]), __float_as_uint(sacc[n][3]), 0x7632);
+          }
+        } else {
+          pack_fragments<T>(pf, sacc);
+        }
+        pack_fragments<T>(dsf, dpacc);
+      } else {
+        // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked. bias_at(n, r): the
+        // entry of fragment element (n, r).
+        auto scores_to_p = [&](auto bias_at) {
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+            const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const float lse2 = (r & 1) ? l2.y : l2.x;
+              float x;
+              if constexpr (kBias) {
+                // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
+                x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)),
+                         kLog2e, -lse2);
+              } else {
+                x = fmaf(sacc[n][r], p.scale_log2, -lse2);
+              }
+              sacc[n][r] = fast_exp2(x);
+            }
+          }
+        };
+        if constexpr (kBiasTiles) {
+          // This warpgroup's entries in the dS buffer (the producer's boxes): query 8n + 2t + e of
+          // the block in row 8(n % 8) + 2t + e of box n / 8, its keys key0, key0 + 1 (8g + 2·warp
+          // of the warpgroup's 64) in one 4-byte word of 16-byte chunk g, swizzled by the row.
+          const unsigned char* const tile = smem + Tr::kOffDs + buf * Tr::kDsBytes + wg * 64 * 128;
+          wgmma_wait<1>();
+          fence_operands(sacc);
+          scores_to_p([&](int n, int r) {
+            const int row = 8 * (n % 8) + 2 * t + (r & 1);
+            const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
+                tile + (n / 8) * (kBlockN * 128) + row * 128 + (((g ^ row) & 7) << 4) + 4 * warp);
+            return (r >> 1) ? unpack_hi<T>(w) : unpack_lo<T>(w);
+          });
+        } else if constexpr (kBias) {
+          const BiasColumns<T> bc =
+              bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
+                              m0, t, key0, p.Lq, p.Lk);
+          wgmma_wait<1>();
+          fence_operands(sacc);
+          if (bc.per_key()) {  // a key-padding mask: the two entries read above
+            scores_to_p([&](int n, int r) {
+              return 8 * n + 2 * t + (r & 1) < bc.rows ? ((r >> 1) ? bc.key_hi : bc.key_lo) : 0.0f;
+            });
+          } else {
+            scores_to_p([&](int n, int r) { return bc.at(8 * n + (r & 1), t, r >> 1); });
+          }
+        } else {
+          wgmma_wait<1>();
+          fence_operands(sacc);
+          scores_to_p([](int, int) { return 0.0f; });
+        }
+        if constexpr (kWindowCode) {
+          if (need_mask && window) {  // the window's span of queries per key row, as columns
+            int lo[2], hi[2];
+            visible_columns<kNT>(
+                KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}, m0,
+                t, key0, lo, hi);
+#pragma unroll
+            for (int n = 0; n < kNT; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int c = 8 * n + (r & 1);
+                if (c < lo[r >> 1] || c >= hi[r >> 1]) sacc[n][r] = 0.0f;
+              }
+          }
+        }
+        if (need_mask && !window) {
 #pragma unroll
           for (int n = 0; n < kNT; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              const int c = 8 * n + (r & 1);
-              if (c < lo[r >> 1] || c >= hi[r >> 1]) sacc[n][r] = 0.0f;
+              const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
+              if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
             }
         }
+
+        // dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta) into dpacc, Pᵀ ∘ Z into sacc. With dropout Z = M·keep_scale
+        // (M the 0/1 mask) and both are kept divided by keep_scale: Pᵀ∘M and Pᵀ∘(M∘dPᵀ − delta /
+        // keep_scale) (the preprocess stores delta / keep_scale), a mask and two ANDs per element
+        // more than without dropout; the epilogues, the dQ conversion and dbias multiply keep_scale
+        // back in (ds_scale).
+        wgmma_wait<0>();
+        fence_operands(dpacc);
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int e = r & 1;
+            const float pv = sacc[n][r];
+            if constexpr (kDropout) {
+              const std::uint32_t kept = kept_mask(keep, n, r);
+              sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
+              dpacc[n][r] =
+                  pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
+            } else {
+              dpacc[n][r] = pv * (dpacc[n][r] - (e ? dl.y : dl.x));
+            }
+          }
+        }
+        // kv_block: the row may see other keys elsewhere (never packed: validation).
+        if (need_mask && (packed_call || !p.kv_block)) {
+          if (window) {  // false where the instantiation has no window code (kWindowCode)
+            zero_single_key_columns(dpacc, KeyMask{causal, seq_Lk(), causal_shift,
+                                                   p.mods.left_reach, p.mods.right_reach}
+                                               .template single_key_rows<kNT>(m0 + 2 * t));
+          } else {
+#pragma unroll
+            for (int n = 0; n < kNT; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                // dS is 0 but for a NaN or Inf, which is the data's, not rounding's (docs/api.md):
+                // x·0 is 0 for finite x and NaN otherwise.
+                if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
+                  dpacc[n][e] *= 0.0f;
+                  dpacc[n][2 + e] *= 0.0f;
+                }
+              }
+          }
+        }
+        if constexpr (kBias) {
+          write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1,
+                         t);
+        }
+        pack_fragments<T>(pf, sacc);
+        pack_fragments<T>(dsf, dpacc);
       }
-      if (need_mask && !window) {
+
+      // dV += (Pᵀ∘Z)·dO, issued before dSᵀ goes to shared memory; then, once both warpgroups'
+      // dSᵀ is there, dQ = dS·K (this warpgroup's 64 x 64 over the block's 128 keys) and dK +=
+      // dSᵀ·Q, in that order, so that dQ's reductions into the workspace are issued while the
+      // tensor cores run dK.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
+        Wgmma<T, kHeadDim>::template rs<1>(
+            dv, pf[kk], desc_advance(do_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
+      }
+      wgmma_commit();
+
+      // dSᵀ to shared memory: [query / 64][key row][64 queries], 16-byte chunks swizzled by row.
+      {
+        // With bias tiles, every warp of the warpgroup has read its entries before any writes dS
+        // over them.
+        if constexpr (kBiasTiles) named_bar_sync(Tr::kBiasBarrier + wg, 128);
+        // The deterministic mode: dS buffer buf held item it - 2's staged dQ, until its writer's
+        // reduction read it (the writers then arrive on that item's empty barrier).
+        if (kDet && it >= 2) {
+          mbar_wait(empty((it - 2) % kStages), ((it - 2) / kStages) & 1);
+        }
+        unsigned char* const ds_buf = smem + Tr::kOffDs + buf * Tr::kDsBytes;
 #pragma unroll
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
-            if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
+          for (int hh = 0; hh < 2; ++hh) {
+            const int row = 64 * wg + 16 * warp + 8 * hh + g;
+            const int off = (n / 8) * (kBlockN * 128) + row * 128 + (((n % 8) ^ g) << 4) + 4 * t;
+            *reinterpret_cast<std::uint32_t*>(ds_buf + off) = dsf[n / 2][(n % 2) * 2 + hh];
           }
+        fence_proxy_async_smem();
+        named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // both halves of dS written
       }
 
-      // dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta) into dpacc, Pᵀ ∘ Z into sacc. With dropout Z = M·keep_scale
-      // (M the 0/1 mask) and both are kept divided by keep_scale: Pᵀ∘M and Pᵀ∘(M∘dPᵀ − delta /
-      // keep_scale) (the preprocess stores delta / keep_scale), a mask and two ANDs per element
-      // more than without dropout; the epilogues, the dQ conversion and dbias multiply keep_scale
-      // back in (ds_scale).
+      // dQ (64 x 64 of this warpgroup) = dS·K over the block's 128 keys.
+      float dq[8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Tr::kDqSteps; ++kk) {
+        Wgmma<T, 64>::template ss<1, 1>(dq, desc_advance(ds_desc, buf * Tr::kDsBytes + kk * 2048),
+                                        desc_advance(kdq_desc, kk * 2048), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
+        Wgmma<T, kHeadDim>::template rs<1>(
+            dk, dsf[kk], desc_advance(q_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ
+      fence_operands(dq);
+
+      // dQ into the workspace chunk of (bh, m, wg), in the order bwd_convert_dq_kernel reads.
+      auto dq_chunk = [&]() -> std::int64_t {
+        if (packed_call) {
+          return (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
+        }
+        return (bh * m_blocks + m) * 2 + wg;
+      };
+      if constexpr (kDet) {
+        // The key blocks that add into a chunk take turns, in key block order: a run of
+        // consecutive ones (KeyMask: from the first key tile of query block m, 0 without a left
+        // window bound), this one's turn being its place in the run. The warpgroup stages its dQ
+        // in the step's dO (wg 0) or dS (wg 1) buffer, in the workspace chunk's order, once both
+        // warpgroups' dV and dQ products have read them, and its writer adds it when the turn
+        // comes; the tensor cores run dK meanwhile.
+        int turn_of_block = key_block;
+        if constexpr (kWindowCode) {
+          if (window) {
+            turn_of_block -=
+                KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}
+                    .template key_tile_range<kBlockM, kBlockN>(m0)
+                    .begin;
+          }
+        }
+        named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // dO(s), dS(buf) read
+        stage_dq_fragments(smem + (dq_stage(it, wg) - base), dq, ctid);
+        fence_proxy_async_smem();  // written by ordinary stores, read by the bulk reduction
+        if (ctid == 0) {
+          dq_slot(s, wg)->chunk = dq_chunk();
+          dq_slot(s, wg)->turn = turn_of_block;
+        }
+        mbar_arrive(staged(s, wg));
+      } else {
+        add_dq_fragments(p.dq_accum + dq_chunk() * Tr::kDqFloats, dq, ctid);
+      }
       wgmma_wait<0>();
-      fence_operands(dpacc);
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int e = r & 1;
-          const float pv = sacc[n][r];
-          if constexpr (kDropout) {
-            const std::uint32_t kept = kept_mask(keep, n, r);
-            sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
-            dpacc[n][r] =
-                pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
-          } else {
-            dpacc[n][r] = pv * (dpacc[n][r] - (e ? dl.y : dl.x));
-          }
-        }
+      fence_operands(dk);
+      fence_operands(dv);
+      // Done with the stage's Q, dO, lse, delta. In the deterministic mode every thread arrives
+      // (a test of the lane there recomputed the thread index into a register the writers' code
+      // kept busy: a wait of 7% of the step, ptxas for sm_90a), and the writers once their
+      // reductions have read the staged dQ; elsewhere one arrival per warp.
+      if constexpr (kDet) {
+        mbar_arrive(empty(s));
+      } else if (lane == 0) {
+        mbar_arrive(empty(s));
       }
-      // kv_block: the row may see other keys elsewhere (never packed: validation).
-      if (need_mask && (packed_call || !p.kv_block)) {
-        if (window) {  // false where the instantiation has no window code (kWindowCode)
-          zero_single_key_columns(dpacc, KeyMask{causal, seq_Lk(), causal_shift,
-                                                 p.mods.left_reach, p.mods.right_reach}
-                                             .template single_key_rows<kNT>(m0 + 2 * t));
-        } else {
-#pragma unroll
-          for (int n = 0; n < kNT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              // dS is 0 but for a NaN or Inf, which is the data's, not rounding's (docs/api.md):
-              // x·0 is 0 for finite x and NaN otherwise.
-              if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
-                dpacc[n][e] *= 0.0f;
-                dpacc[n][2 + e] *= 0.0f;
-              }
-            }
-        }
-      }
-      if constexpr (kBias) {
-        write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1, t);
-      }
-      pack_fragments<T>(pf, sacc);
-      pack_fragments<T>(dsf, dpacc);
     }
 
-    // dV += (Pᵀ∘Z)·dO, issued before dSᵀ goes to shared memory; then, once both warpgroups'
-    // dSᵀ is there, dQ = dS·K (this warpgroup's 64 x 64 over the block's 128 keys) and dK +=
-    // dSᵀ·Q, in that order, so that dQ's reductions into the workspace are issued while the tensor
-    // cores run dK.
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
-      Wgmma<T, kHeadDim>::template rs<1>(
-          dv, pf[kk], desc_advance(do_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
-    }
-    wgmma_commit();
-
-    // dSᵀ to shared memory: [query / 64][key row][64 queries], 16-byte chunks swizzled by row.
-    {
-      // With bias tiles, every warp of the warpgroup has read its entries before any writes dS
-      // over them.
-      if constexpr (kBiasTiles) named_bar_sync(Tr::kBiasBarrier + wg, 128);
-      // The deterministic mode: dS buffer buf held item it - 2's staged dQ, until its writer's
-      // reduction read it (the writers then arrive on that item's empty barrier).
-      if (kDet && it >= 2) {
-        mbar_wait(empty((it - 2) % kStages), ((it - 2) / kStages) & 1);
-      }
-      unsigned char* const ds_buf = smem + Tr::kOffDs + buf * Tr::kDsBytes;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = 64 * wg + 16 * warp + 8 * hh + g;
-          const int off = (n / 8) * (kBlockN * 128) + row * 128 + (((n % 8) ^ g) << 4) + 4 * t;
-          *reinterpret_cast<std::uint32_t*>(ds_buf + off) = dsf[n / 2][(n % 2) * 2 + hh];
-        }
-      fence_proxy_async_smem();
-      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // both halves of dS written
-    }
-
-    // dQ (64 x 64 of this warpgroup) = dS·K over the block's 128 keys.
-    float dq[8][4];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kDqSteps; ++kk) {
-      Wgmma<T, 64>::template ss<1, 1>(dq, desc_advance(ds_desc, buf * Tr::kDsBytes + kk * 2048),
-                                      desc_advance(kdq_desc, kk * 2048), kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < Tr::kKVSteps; ++kk) {
-      Wgmma<T, kHeadDim>::template rs<1>(
-          dk, dsf[kk], desc_advance(q_desc_n, s * Tr::kQBytes + kk * 16 * 128), 1);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // dV and dQ
-    fence_operands(dq);
-
-    // dQ into the workspace chunk of (bh, m, wg), in the order bwd_convert_dq_kernel reads.
-    auto dq_chunk = [&]() -> std::int64_t {
-      if (packed_call) {
-        return (static_cast<std::int64_t>(h) * tp.m_blocks + m_base() + m) * 2 + wg;
-      }
-      return (bh * m_blocks + m) * 2 + wg;
-    };
+    // The deterministic mode: every staged dQ read by its writer before the buffers hold dK, dV
+    // (the writers arrive on a stage's empty barrier once its reduction has read it).
     if constexpr (kDet) {
-      // The key blocks that add into a chunk take turns, in key block order: a run of
-      // consecutive ones (KeyMask: from the first key tile of query block m, 0 without a left
-      // window bound), this one's turn being its place in the run. The warpgroup stages its dQ
-      // in the step's dO (wg 0) or dS (wg 1) buffer, in the workspace chunk's order, once both
-      // warpgroups' dV and dQ products have read them, and its writer adds it when the turn
-      // comes; the tensor cores run dK meanwhile.
-      int turn_of_block = key_block;
-      if constexpr (kWindowCode) {
-        if (window) {
-          turn_of_block -=
-              KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}
-                  .template key_tile_range<kBlockM, kBlockN>(m0)
-                  .begin;
-        }
+      for (int it = items > kStages ? items - kStages : 0; it < items; ++it) {
+        mbar_wait(empty(it % kStages), (it / kStages) & 1);
       }
-      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // dO(s), dS(buf) read
-      stage_dq_fragments(smem + (dq_stage(it, wg) - base), dq, ctid);
-      fence_proxy_async_smem();  // written by ordinary stores, read by the bulk reduction
-      if (ctid == 0) {
-        dq_slot(s, wg)->chunk = dq_chunk();
-        dq_slot(s, wg)->turn = turn_of_block;
-      }
-      mbar_arrive(staged(s, wg));
+    }
+    // dK·scale and dV (times keep_scale, see the dS step) to their rows in global memory, through
+    // the Q, dO and dS buffers (free now: every TMA load was consumed and every wgmma waited for);
+    // with kPersist through the K and V buffers instead (as free: the last wgmma reading them was
+    // waited for), as the producer may be loading the next tile's Q and dO.
+    named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
+    store_dk_dv<T, Tr>(dk, dv, p.scale * ds_scale, ds_scale,
+                       smem + (kPersist ? Tr::kOffK : Tr::kOffQ), p, b, kvh, n0, k0, seq_Lk, wg,
+                       ctid, warp, g, t);
+    if constexpr (!kPersist) {
+      break;
     } else {
-      add_dq_fragments(p.dq_accum + dq_chunk() * Tr::kDqFloats, dq, ctid);
-    }
-    wgmma_wait<0>();
-    fence_operands(dk);
-    fence_operands(dv);
-    // Done with the stage's Q, dO, lse, delta. In the deterministic mode every thread arrives
-    // (a test of the lane there recomputed the thread index into a register the writers' code
-    // kept busy: a wait of 7% of the step, ptxas for sm_90a), and the writers once their
-    // reductions have read the staged dQ; elsewhere one arrival per warp.
-    if constexpr (kDet) {
-      mbar_arrive(empty(s));
-    } else if (lane == 0) {
-      mbar_arrive(empty(s));
+      step0 += items;
+      if (!next_tile()) break;
+      // Every thread's copies out of the K and V buffers done before the next tile's K and V.
+      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
     }
   }
-
-  // The deterministic mode: every staged dQ read by its writer before the buffers hold dK, dV
-  // (the writers arrive on a stage's empty barrier once its reduction has read it).
-  if constexpr (kDet) {
-    for (int it = items > kStages ? items - kStages : 0; it < items; ++it) {
-      mbar_wait(empty(it % kStages), (it / kStages) & 1);
-    }
-  }
-  // dK·scale and dV (times keep_scale, see the dS step) to their rows in global memory, through
-  // the Q, dO and dS buffers (free now: every TMA load was consumed and every wgmma waited for).
-  named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
-  store_dk_dv<T, Tr>(dk, dv, p.scale * ds_scale, ds_scale, smem + Tr::kOffQ, p, b, kvh, n0, k0,
-                     seq_Lk, wg, ctid, warp, g, t);
 #endif
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -76,6 +77,24 @@ void launch_backward_kernel(BackwardTmaParams tp, const BackwardLaunch& launch) 
   }
   const int key_blocks = static_cast<int>((p.Lk + Tr::kBlockN - 1) / Tr::kBlockN);
   const int heads = p.B * p.Hkv;
+  if constexpr (backward_persists<Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kDet>()) {
+    // Every key block costs the same without a causal mask (windows take the modifiers'
+    // kernels): one CTA per SM walks the tiles, each loading its next tile's first Q and dO
+    // while it writes this one's dK and dV. Measured on the H100 (docs/benchmarks.md): 4-6%
+    // faster from three query blocks per tile (384 and 512 queries, 2048), 6% slower with two
+    // (197 queries), where a tile's two steps leave little to hide the next tile's loads under;
+    // those take one CTA per tile.
+    const std::int64_t tiles = static_cast<std::int64_t>(key_blocks) * heads;
+    const int sms = std::max(launch.multiprocessors, 1);
+    const std::int64_t query_blocks = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM;
+    if (!is_causal(p) && tiles > sms && tiles <= INT_MAX && query_blocks >= 3) {
+      tp.persist_tiles = static_cast<int>(tiles);
+      tp.persist_key_blocks = key_blocks;
+      kernel<<<dim3(static_cast<unsigned>(sms)), Tr::kThreads, kSmem, stream>>>(tp);
+      check_launch("attention_backward_kernel launch");
+      return;
+    }
+  }
   if (!launch.dbias_cross_cta) {
     // Where the key blocks' costs differ (the causal mask: block 0 sees every query block), bands
     // of heads walked key block by key block (common/block_order.h; one CTA per SM: setmaxnreg's

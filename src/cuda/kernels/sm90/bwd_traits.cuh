@@ -43,6 +43,10 @@ struct BackwardTmaParams {
   // Each CTA's steps from the last query block, the group's heads inside each (BackwardWalk,
   // common/block_order.h): the deterministic mode under a right bound.
   bool walk_from_last = false;
+  // A persistent grid (the kernels of backward_persists, dense calls without a causal mask):
+  // persist_tiles tiles, tile t being key block t % persist_key_blocks of (batch, kv head)
+  // t / persist_key_blocks, CTA x taking tiles x, x + gridDim.x, ...; 0: one tile per CTA.
+  int persist_tiles = 0, persist_key_blocks = 0;
   // Packed calls: the query tiles per head of the preprocess and dq conversion grids (the tile
   // scheduler's bound over cu_seqlens_q); the main kernel's grid is (key tiles, Hkv).
   int packed_q_tiles = 0;
