@@ -4,13 +4,14 @@
 // The grid holds one CTA per SM; each walks the work items (a query block of kBlockM =
 // 64·kConsumers rows of one batch·head) blockIdx.x, blockIdx.x + gridDim.x, ... Warpgroup 0 is the
 // producer: after shrinking its registers (setmaxnreg) one thread issues every TMA load: an item's
-// Q once its buffer is free (so the next item's Q and first K/V arrive while the consumers finish
-// the current one), then K and V tiles of kBlockN keys into a kStages-deep ring of shared-memory
+// Q once its buffer is free (two buffers at head dim 64, so the next item's Q arrives while the
+// consumers still run the current one; one elsewhere, where it arrives while they finish it:
+// fwd_traits.cuh), then K and V tiles of kBlockN keys into a kStages-deep ring of shared-memory
 // buffers that runs on across items, each completing on its "full" mbarrier and refilled once the
-// consumers arrive on its "empty" one. Warpgroups 1..kConsumers are consumers, each owning 64 query
-// rows: S = Q·Kᵀ on wgmma with both operands in shared memory, the online softmax in registers
-// (src/cuda/kernels/common/softmax.cuh), and O += P·V on wgmma with P from registers; O / l is
-// stored from the registers.
+// consumers arrive on its "empty" one. Warpgroups 1..kConsumers are consumers, each owning 64
+// query rows: S = Q·Kᵀ on wgmma with both operands in shared memory, the online softmax in
+// registers (src/cuda/kernels/common/softmax.cuh), and O += P·V on wgmma with P from registers;
+// O / l is stored from the registers.
 //
 // Dropout: the keep-bits of a tile depend on coordinates alone, so each consumer draws them (one
 // Philox call per row per 64 keys per lane: the S orientation of
@@ -226,21 +227,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const std::uint32_t sK = sQ + Tr::kQBytes;             // kStages buffers of kKVBytes
+  constexpr int kQStages = Tr::template q_stages<kBiasRead>();
+  const std::uint32_t sK = sQ + kQStages * Tr::kQBytes;  // kStages buffers of kKVBytes
   const std::uint32_t sV = sK + kStages * Tr::kKVBytes;  // kStages buffers of kKVBytes
   const std::uint32_t sB = sV + kStages * Tr::kKVBytes;  // kBiasTiles: kStages bias tiles
-  const std::uint32_t q_full = sB + (kBiasTiles ? kStages * Tr::kBiasTileBytes : 0);  // barriers
-  const std::uint32_t q_empty = q_full + 8u;
-  auto k_full = [&](int s) { return q_full + 8u * (2 + s); };
-  auto k_empty = [&](int s) { return q_full + 8u * (2 + kStages + s); };
-  auto v_full = [&](int s) { return q_full + 8u * (2 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return q_full + 8u * (2 + 3 * kStages + s); };
-  auto b_full = [&](int s) { return q_full + 8u * (2 + 4 * kStages + s); };
-  auto b_empty = [&](int s) { return q_full + 8u * (2 + 5 * kStages + s); };
+  const std::uint32_t bars = sB + (kBiasTiles ? kStages * Tr::kBiasTileBytes : 0);
+  // Work item `local` of the CTA uses Q buffer local % kQStages, in phase (local / kQStages) & 1.
+  auto q_full = [&](int s) { return bars + 8u * s; };
+  auto q_empty = [&](int s) { return bars + 8u * (kQStages + s); };
+  constexpr int kQBars = 2 * kQStages;
+  auto k_full = [&](int s) { return bars + 8u * (kQBars + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (kQBars + kStages + s); };
+  auto v_full = [&](int s) { return bars + 8u * (kQBars + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (kQBars + 3 * kStages + s); };
+  auto b_full = [&](int s) { return bars + 8u * (kQBars + 4 * kStages + s); };
+  auto b_empty = [&](int s) { return bars + 8u * (kQBars + 5 * kStages + s); };
   // Then the staged key-bias tiles (Tr::kKeyBiasBytes, BiasRead::keys): two of kBlockN floats
   // per consumer.
-  float* const key_bias_smem =
-      reinterpret_cast<float*>(smem_raw + (q_full + 8u * Tr::kBarriers - smem_addr(smem_raw)));
+  float* const key_bias_smem = reinterpret_cast<float*>(
+      smem_raw + (bars + 8u * Tr::template barriers<kBiasRead>() - smem_addr(smem_raw)));
 
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler knows the role is warp-uniform (wgmma in a path it
@@ -262,8 +267,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int stride = packed_call ? 1 : static_cast<int>(gridDim.x);
 
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 4 * Tr::kConsumers);  // one arrival per consumer warp
+#pragma unroll
+    for (int s = 0; s < kQStages; ++s) {
+      mbar_init(q_full(s), 1);
+      mbar_init(q_empty(s), 4 * Tr::kConsumers);  // one arrival per consumer warp
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
@@ -301,12 +309,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const int b = packed_call ? 0 : w.bh / p.Hq, h = packed_call ? packed.h : w.bh % p.Hq;
         const int kvh = h / p.group;
         const int k_row0 = packed_call ? static_cast<int>(packed.k0) : 0;
-        mbar_wait(q_empty, (local & 1) ^ 1);  // the consumers are done with the previous Q
-        mbar_arrive_expect_tx(q_full, Tr::kQBytes);
+        // The consumers are done with the Q this buffer held (kQStages items ago).
+        const int qs = local % kQStages;
+        mbar_wait(q_empty(qs), ((local / kQStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(q_full(qs), Tr::kQBytes);
         const int q_row = static_cast<int>(w.m0 + (packed_call ? packed.q0 : 0));
 #pragma unroll
         for (int db = 0; db < Tr::kDBlocks; ++db) {
-          tma_load_4d(sQ + db * Tr::kQBlockBytes, &tp.q, q_full, 64 * db, q_row, h, b);
+          tma_load_4d(sQ + qs * Tr::kQBytes + db * Tr::kQBlockBytes, &tp.q, q_full(qs), 64 * db,
+                      q_row, h, b);
         }
         for (int it = 0; it < w.n_tiles; ++it, ++kv) {
           const int n_first = kWindowCode ? w.n_first : 0;
@@ -378,10 +389,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const std::uint64_t k_desc = smem_desc_sw128(sK, 16, 1024);
   const std::uint64_t v_desc = smem_desc_sw128(sV, Tr::kKVBlockBytes, 1024);
 
+  int q_base = 0;  // the current item's Q buffer, as a byte offset from sQ
   auto issue_qk = [&](float(&s)[kNT][4], int stage) {
 #pragma unroll
     for (int ks = 0; ks < Tr::kQKSteps; ++ks) {
-      const std::uint32_t q_off = (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
+      const std::uint32_t q_off = q_base + (ks / 4) * Tr::kQBlockBytes + (ks % 4) * 32;
       const std::uint32_t k_off =
           stage * Tr::kKVBytes + (ks / 4) * Tr::kKVBlockBytes + (ks % 4) * 32;
       Wgmma<T, kBlockN>::template ss<0, 0>(s, desc_advance(q_desc, q_off),
@@ -592,7 +604,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     row_m[0] = row_m[1] = -INFINITY;
     row_l[0] = row_l[1] = 0.0f;
 
-    mbar_wait(q_full, local & 1);
+    const int qs = local % kQStages;
+    q_base = qs * Tr::kQBytes;
+    mbar_wait(q_full(qs), (local / kQStages) & 1);
     if (n_tiles > 0) {
       if constexpr (key_bias) {  // the first tile's entries, before its products
         load_key_bias(n_first + n_tiles - 1);
@@ -658,7 +672,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     kv += n_tiles;
-    if (lane == 0) mbar_arrive(q_empty);  // this warp's products are done with Q
+    if (lane == 0) mbar_arrive(q_empty(qs));  // this warp's products are done with Q
 
     // ---------------- epilogue ----------------
     // O / l (times keep_scale), lse = m + ln l in natural units; rows that saw no key give 0, -inf.

@@ -40,13 +40,17 @@ enum class BiasRead {
 };
 
 // Tile shape of one instantiation. kHeadDim bounds D and Dv (zero-filled beyond them by TMA).
-template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_>
+template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_, int kQStages_ = 1>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN =
       kBlockN_;  // keys per tile (a multiple of the 64-key dropout block)
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kStages = kStages_;        // K/V shared-memory ring depth
+  // Q buffers asked for: with two, the producer loads the next work item's Q while the consumers
+  // still run the current one (a persistent CTA's items then start without waiting for their Q).
+  // An instantiation gets them where they fit beside the rest (q_stages below), else one.
+  static constexpr int kQStages = kQStages_;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kDBlocks = (kHeadDim + 63) / 64;  // 64-column (128-byte) smem blocks
@@ -58,23 +62,33 @@ struct FwdTraits {
   static constexpr int kKVBlockBytes = kBlockN * 128;
   static constexpr int kQBytes = kDBlocks * kQBlockBytes;
   static constexpr int kKVBytes = kDBlocks * kKVBlockBytes;  // one K or V stage
-  // Q full/empty; K full/empty; V full/empty; bias tiles full/empty (used by BiasRead::tiles).
-  static constexpr int kBarriers = 2 + 6 * kStages;
   // A key-padding bias's entries of a key tile, fp32, double-buffered per consumer warpgroup.
   static constexpr int kKeyBiasBytes = 2 * kConsumers * kBlockN * 4;
   // A 16-bit bias tile of one stage: boxes of 64 keys (128 bytes, swizzled as Q) by kBlockM rows.
   static constexpr int kBiasBoxBytes = kBlockM * 128;
   static constexpr int kBiasTileBytes = kBlockN / 64 * kBiasBoxBytes;
-  // Shared memory of the kernel that reads the bias as kRead says: the Q buffer, the K/V ring,
-  // the bias ring (tiles), the barriers, the staged key entries (keys); + 1024 so the buffers
+  // Shared memory of the kernel that reads the bias as kRead says, with q Q buffers: the Q
+  // buffers, the K/V ring, the bias ring (tiles), the barriers (Q full/empty per Q buffer; K, V
+  // and bias tiles full/empty per stage), the staged key entries (keys); + 1024 so the buffers
   // can be aligned to the 128-byte swizzle's 1024-byte period.
   template <BiasRead kRead>
-  static constexpr int smem_bytes() {
-    return 1024 + kQBytes + 2 * kStages * kKVBytes +
-           (kRead == BiasRead::tiles ? kStages * kBiasTileBytes : 0) + 8 * kBarriers +
+  static constexpr int layout_bytes(int q) {
+    return 1024 + q * kQBytes + 2 * kStages * kKVBytes +
+           (kRead == BiasRead::tiles ? kStages * kBiasTileBytes : 0) + 8 * (2 * q + 6 * kStages) +
            (kRead == BiasRead::keys ? kKeyBiasBytes : 0);
   }
-  static constexpr int kSmemBytes = smem_bytes<BiasRead::tiles>();  // the largest
+  template <BiasRead kRead>
+  static constexpr int q_stages() {
+    return layout_bytes<kRead>(kQStages) <= 227 * 1024 ? kQStages : 1;
+  }
+  template <BiasRead kRead>
+  static constexpr int barriers() {
+    return 2 * q_stages<kRead>() + 6 * kStages;
+  }
+  template <BiasRead kRead>
+  static constexpr int smem_bytes() {
+    return layout_bytes<kRead>(q_stages<kRead>());
+  }
   // Register split (setmaxnreg): the producer gives registers back and the consumers take them.
   // setmaxnreg.inc waits until the CTA's pool (what the launch allocated: kLaunchRegs per thread)
   // can serve it, so the split must fit in that pool or the consumers wait forever.
@@ -88,25 +102,31 @@ struct FwdTraits {
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "key tiles hold whole 64-key dropout blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim bucket: multiple of 16 up to 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1 to 3 consumer warpgroups");
+  static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
                 "setmaxnreg split exceeds the registers allocated at launch");
-  static_assert(kSmemBytes <= 227 * 1024 && smem_bytes<BiasRead::keys>() <= 227 * 1024,
+  static_assert(smem_bytes<BiasRead::tiles>() <= 227 * 1024 &&
+                    smem_bytes<BiasRead::keys>() <= 227 * 1024,
                 "shared memory per CTA");
 };
 
 // Tile shapes per head-dim bucket: kBlockM = 64 per consumer warpgroup, kBlockN keys per tile,
 // stages of the K/V ring (docs/benchmarks.md has the measurements behind them).
-//   64:  2 consumers (128 rows), 128 keys, 2 stages:  16 KB Q + 64 KB K/V
-//   96:  2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V (padded to 128 in smem)
+//   64:  2 consumers (128 rows), 128 keys, 2 stages:  2 x 16 KB Q + 64 KB K/V
+//   96:  2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V (padded to 128)
 //   128: 2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V
 //   256: 2 consumers (128 rows),  64 keys, 2 stages:  64 KB Q + 128 KB K/V
 // A 16-bit bias that varies over queries (BiasRead::tiles) adds a ring of 128-row bias tiles,
 // one per stage: 2 x 32 KB (head dims 64-128), 2 x 16 KB (256); every bucket stays within 227 KB.
+// The second Q buffer made head dim 64's forward 4-5% faster on the encoder shapes (197-512
+// queries: an item there is 2-4 key tiles, and its Q no longer waits for the last one's) and
+// 1-2% on longer ones; at head dim 128 it gained 1% without dropout and lost 2% with it (H100,
+// docs/benchmarks.md), so 96 and 128 keep one.
 template <int kHeadDim>
 struct FwdConfig;
 template <>
 struct FwdConfig<64> {
-  using Traits = FwdTraits<64, 128, 2, 2>;
+  using Traits = FwdTraits<64, 128, 2, 2, 2>;
 };
 template <>
 struct FwdConfig<96> {
