@@ -141,6 +141,10 @@ def maybe_compile(model, compile_mode):
     itself when compile_mode is None."""
     if compile_mode is None:
         return model
+    # PyTorch's compile caches (Inductor's, AOTAutograd's) are not told which kernels the
+    # dispatcher held while a graph was traced: with them on, the "default" step compiled after a
+    # slots run ran memeff's kernels (H100, docs/benchmarks.md). Every backend compiles afresh.
+    torch._inductor.config.force_disable_caches = True
     return torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
 
 

@@ -6,6 +6,8 @@
 # torch.compile reach them as on a GPU; with CUDA the real thing runs:
 # F.scaled_dot_product_attention eager (flash, efficient and cuDNN slots), under
 # torch.compile(fullgraph=True), in a captured CUDA graph and under mode="reduce-overhead".
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -802,6 +804,47 @@ def test_math_slot_under_torch_compile_on_cpu(cpu_math_slot):
     assert "memeff.fwd.default" in targets and "memeff.bwd.default" in targets
     torch.manual_seed(10)
     assert not torch.allclose(compiled(q, k, v), out)
+
+
+def test_compiled_attention_keeps_its_backward_after_the_math_slot_is_removed():
+    # PyTorch's Python dispatcher caches, per op, where each dispatch key's call goes; a graph
+    # traced after memeff's kernel left the composite op's autograd key must find PyTorch's
+    # composite again, with its backward (it found the "not implemented" autograd fallback
+    # before Handle.remove dropped that cache: no backward graph, and a warning at backward).
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    q, k, v, dout = math_slot_case("after-remove", 0.0)
+
+    def traced(graphs):
+        def keep_graph(gm, example_inputs):
+            graphs.append(gm)
+            return make_boxed_func(gm.forward)
+        torch._dynamo.reset()
+        return torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+                             backend=aot_autograd(fw_compiler=keep_graph, bw_compiler=keep_graph),
+                             fullgraph=True)
+
+    def targets(graphs):
+        return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+    handle = aten_sdpa.register_kernels(("math",), "CPU")
+    try:
+        active = []
+        torch.autograd.grad(traced(active)(q, k, v), (q, k, v), dout)
+    finally:
+        handle.remove()
+    assert "memeff.bwd.default" in targets(active)
+    after = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*autograd kernel was not registered.*")
+        out = traced(after)(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert len(after) == 2  # a forward and a backward graph
+    assert not any(t.startswith("memeff.") for t in targets(after))
+    torch._dynamo.reset()
+    expected = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), dout)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
 
 
 def test_math_slot_name_is_accepted_and_listed():

@@ -509,8 +509,26 @@ class Handle:
             destroy = getattr(library, "_destroy", None)
             if destroy is not None:
                 destroy()
+            _forget_python_dispatch(self.ops)
         if _handle is self:
             _handle = None
+
+
+def _forget_python_dispatch(names: Sequence[str]) -> None:
+    """Drop what PyTorch's Python dispatcher remembered of aten::name's kernels (each overload's
+    dispatch cache, filled as torch.compile traces). It is not told when a Library's kernels
+    come or go: after memeff's kernel for a composite op's autograd key was removed, graphs
+    traced later still looked for a kernel there, found PyTorch's "not implemented" fallback and
+    lost their backward (seen with the math slot, torch 2.11 and 2.15)."""
+    for name in names:
+        packet = getattr(torch.ops.aten, name, None)
+        overloads = getattr(packet, "overloads", None)
+        if overloads is None:
+            continue
+        for overload in overloads():
+            cache = getattr(getattr(packet, overload, None), "_dispatch_cache", None)
+            if isinstance(cache, dict):
+                cache.clear()
 
 
 # Ops PyTorch implements as a composite of others (no kernel of their own per device): memeff's
@@ -549,6 +567,7 @@ def register_kernels(slots: Sequence[str] = ("flash",), dispatch_key: str = "CUD
         for name, fn in kernels.items():
             key = "Autograd" + dispatch_key if name in _COMPOSITE_OPS else dispatch_key
             library.impl(name, fn, key, with_keyset=True, **override)
+    _forget_python_dispatch(tuple(kernels))  # what it cached before these kernels came
     _handle = Handle(library, slots, tuple(kernels))
     return _handle
 
