@@ -57,9 +57,13 @@ def time_ms(fn, device) -> float:
 
 
 def reason(error: BaseException) -> str:
-    """The first line of an error (what a backend that cannot run a configuration says)."""
-    text = str(error).strip()
-    return text.splitlines()[0][:100] if text else type(error).__name__
+    """The first informative line of an error (what a backend that cannot run a configuration
+    says): torch.compile's errors open with "backend='inductor' raised:" and name the cause on
+    the next line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if lines and lines[0].endswith("raised:") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"[:160]
+    return lines[0][:100] if lines else type(error).__name__
 
 
 def device_name(device) -> str:
