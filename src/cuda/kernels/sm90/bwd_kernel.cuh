@@ -81,257 +81,16 @@
 #include "cuda/kernels/common/softmax.cuh"
 #include "cuda/kernels/common/types.cuh"
 #include "cuda/kernels/common/varlen.cuh"
+#include "cuda/kernels/sm90/bwd_consumer.cuh"
+#include "cuda/kernels/sm90/bwd_dq.cuh"
+#include "cuda/kernels/sm90/bwd_epilogue.cuh"
+#include "cuda/kernels/sm90/bwd_scheduler.cuh"
 #include "cuda/kernels/sm90/bwd_traits.cuh"
+#include "cuda/kernels/sm90/bwd_variant.cuh"
 #include "cuda/kernels/sm90/ptx.cuh"
 #include "cuda/kernels/sm90/wgmma_ops.cuh"
 
 namespace memeff::cuda::sm90 {
-
-// The eight 2-bit fields of x (16 bits) moved to the low halves of eight nibbles.
-__device__ __forceinline__ std::uint32_t spread_bit_pairs(std::uint32_t x) {
-  x = (x | (x << 8)) & 0x00FF00FFu;
-  x = (x | (x << 4)) & 0x0F0F0F0Fu;
-  return (x | (x << 2)) & 0x33333333u;
-}
-
-// An 8 x 8 matrix of nibbles over the eight lanes of a lane column (lanes 4g + t, g = 0..7):
-// lane g holds row g, nibble d of its word is column d. Returns the transpose: lane g then holds
-// column g, nibble s being row s's. Three butterfly steps, each swapping the nibbles whose index
-// bit k differs from the lane's g bit k with the partner lane (lane ^ (4 << k)).
-__device__ __forceinline__ std::uint32_t transpose_nibbles8(std::uint32_t w, int g) {
-#pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const int shift = 4 << k;
-    const std::uint32_t low = k == 0 ? 0x0F0F0F0Fu : (k == 1 ? 0x00FF00FFu : 0x0000FFFFu);
-    const bool upper = (g >> k) & 1;
-    const std::uint32_t send = upper ? (w & low) << shift : (w >> shift) & low;
-    const std::uint32_t recv = __shfl_xor_sync(0xFFFFFFFFu, send, 4 << k);
-    w = (upper ? (w & ~low) : (w & low)) | recv;
-  }
-  return w;
-}
-
-// A consumer warpgroup's dQ of one step, kHalfDT / 8 blocks of 64 x 64 (wgmma accumulators, n8
-// tile j of block j / 8), added to the workspace chunks from `chunks` on: float4 number f·128 +
-// thread of a chunk holds n8 tile f of that chunk (bwd_convert_dq_kernel's order), by 16-byte
-// reductions (red_add_f32x4) issued straight from the registers.
-template <int kHalfDT>
-__device__ __forceinline__ void add_dq_fragments(float* chunks, const float (&dq)[kHalfDT][4],
-                                                 int ctid) {
-#pragma unroll
-  for (int j = 0; j < kHalfDT; ++j) {
-    float* dst = chunks + (j / 8) * (64 * 64) + ((j % 8) * 128 + ctid) * 4;
-    red_add_f32x4(dst, dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
-  }
-}
-
-// The deterministic mode's staging of a consumer warpgroup's dQ of one step (64 x 64, kHalfDT = 8)
-// in shared memory, in the workspace chunk's order (add_dq_fragments), for one bulk reduction.
-template <int kHalfDT>
-__device__ __forceinline__ void stage_dq_fragments(unsigned char* stage,
-                                                   const float (&dq)[kHalfDT][4], int ctid) {
-  static_assert(kHalfDT == 8, "one 64 x 64 chunk");
-#pragma unroll
-  for (int j = 0; j < kHalfDT; ++j) {
-    *reinterpret_cast<float4*>(stage + ((j * 128 + ctid) << 4)) =
-        make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
-  }
-}
-
-// Where a consumer warpgroup's staged dQ goes (the deterministic mode): its workspace chunk and
-// its turn there. Plain members only: it lives in shared memory.
-struct DqSlot {
-  std::int64_t chunk;
-  int turn;
-  int pad;
-};
-
-// The deterministic mode's turns on a dQ chunk's counter `turn`: wait until it reads `my_turn`
-// (with at_least: until it has reached it, for counters that may skip a turn: packed calls, whose
-// unchecked offsets may let two sequences share chunks), and pass the turn on (raising the
-// counter monotonically with at_least).
-__device__ __forceinline__ void wait_dq_turn(const int* turn, int my_turn, bool at_least) {
-  if (at_least) {
-    while (ld_acquire(turn) < my_turn) {
-    }
-  } else {
-    while (ld_acquire(turn) != my_turn) {
-    }
-  }
-}
-__device__ __forceinline__ void pass_dq_turn(int* turn, int my_turn, bool at_least) {
-  if (at_least) {
-    red_release_max(turn, my_turn + 1);
-  } else {
-    st_release(turn, my_turn + 1);
-  }
-}
-
-// A step's dQ epilogue: a consumer warpgroup's dQ (add_dq_fragments) into the workspace chunks
-// from `chunks` on. In the deterministic mode the key blocks that add into a chunk take turns on
-// its counter `turn`: thread 0 waits for `my_turn` (wait_dq_turn), the warpgroup adds, makes its
-// reductions visible, and thread 0 passes the turn on. `barrier`: the warpgroup's named barrier.
-template <int kHalfDT>
-__device__ __forceinline__ void add_dq_in_turn(float* chunks, const float (&dq)[kHalfDT][4],
-                                               bool deterministic, int* turn, int my_turn,
-                                               bool at_least, int barrier, int ctid) {
-  if (deterministic) {
-    if (ctid == 0) wait_dq_turn(turn, my_turn, at_least);
-    named_bar_sync(barrier, 128);
-  }
-  add_dq_fragments(chunks, dq, ctid);
-  if (deterministic) {
-    __threadfence();
-    named_bar_sync(barrier, 128);
-    if (ctid == 0) pass_dq_turn(turn, my_turn, at_least);
-  }
-}
-
-// The key (within the CTA's kBlockN) held by shared-memory row `row` of K and V: inside each
-// 64-key block, row 16w + 8h + g holds key 8g + 2w + h.
-__device__ __forceinline__ int bwd_key_of_row(int row) {
-  const int r = row & 63;
-  return (row & ~63) + 8 * (r & 7) + 2 * (r >> 4) + ((r >> 3) & 1);
-}
-
-// A packed call's key block with its sequence. Plain members only: it lives in a __shared__
-// variable.
-struct PackedKeyBlock {
-  int valid;  // 0: the CTA's tile is past the last one (it exits)
-  int seq, block;
-  int q0, k0, Lq, Lk, causal_shift;  // the sequence (SeqSpan; packed rows fit in int32)
-  int m_base;  // its first query block in the workspace's per-head layout (packed_block0)
-};
-
-// The CTA's key block (tile blockIdx.x of the scheduler over cu_seqlens_k): warp 0 runs the
-// scheduler's scan, thread 0 stores the result in shared memory, every thread of the CTA gets its
-// address. A CTA-wide barrier: call it from all threads, before the roles split.
-template <int kBlockN, int kBlockM>
-__device__ __forceinline__ const PackedKeyBlock* packed_key_block_of_cta(const BackwardParams& p) {
-  __shared__ PackedKeyBlock slot;
-  if (threadIdx.x < 32) {
-    PackedKeyBlock kb{};
-    const VarlenTile vt = varlen_tile(p.cu_seqlens_k, p.B, p.total_k, p.Lk, kBlockN,
-                                      static_cast<std::int64_t>(blockIdx.x));
-    if (vt.seq < p.B) {
-      const SeqSpan span = seq_span(p, vt.seq);
-      kb.valid = 1;
-      kb.seq = vt.seq;
-      kb.block = vt.block;
-      kb.q0 = static_cast<int>(span.q0);
-      kb.k0 = static_cast<int>(span.k0);
-      kb.Lq = static_cast<int>(span.Lq);
-      kb.Lk = static_cast<int>(span.Lk);
-      kb.causal_shift = static_cast<int>(span.causal_shift);
-      kb.m_base = static_cast<int>(packed_block0(span.q0, vt.seq, kBlockM));
-    }
-    if (threadIdx.x == 0) slot = kb;
-  }
-  __syncthreads();
-  return &slot;
-}
-
-// The columns [lo[hh], hi[hh]) of a thread's Sᵀ fragment (c = 8n + e: query m0 + 2t + c) whose
-// queries see its key key0 + hh under `mask` (KeyMask::rows_of_key), clamped to the fragment.
-template <int kNT>
-__device__ __forceinline__ void visible_columns(const KeyMask& mask, std::int64_t m0, int t,
-                                                std::int64_t key0, int (&lo)[2], int (&hi)[2]) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const detail::KeySpan rows = mask.rows_of_key(key0 + hh);
-    lo[hh] = fragment_column<kNT>(rows.begin, m0, t);
-    hi[hh] = fragment_column<kNT>(rows.end, m0, t);
-  }
-}
-
-// dS = 0 in the columns of a thread's Sᵀ fragment whose query sees a single key (bit 2n + e of
-// `single`: KeyMask::single_key_rows, the window's rule; core/visible_keys.h). dS is 0 but for a
-// NaN or Inf, which is the data's, not rounding's (docs/api.md): x·0 is 0 for finite x and NaN
-// otherwise.
-template <int kNT>
-__device__ __forceinline__ void zero_single_key_columns(float (&ds)[kNT][4], std::uint32_t single) {
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if ((single >> (2 * n + e)) & 1u) {
-        ds[n][e] *= 0.0f;
-        ds[n][2 + e] *= 0.0f;
-      }
-    }
-}
-
-// Dropout's mask of element (n, r) of an Sᵀ fragment from the step's keep words (nibble n % 8 of
-// word n / 8, bit 2e + hh): all ones where kept, 0 where dropped (the bit moved to the sign, then
-// replicated).
-__device__ __forceinline__ std::uint32_t kept_mask(const std::uint32_t* keep, int n, int r) {
-  return static_cast<std::uint32_t>(
-      static_cast<std::int32_t>(keep[n / 8] << (31 - (4 * (n % 8) + 2 * (r & 1) + (r >> 1)))) >>
-      31);
-}
-
-// An Sᵀ-layout accumulator as wgmma A fragments (16 queries per k-step).
-template <class T, int kNT>
-__device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
-                                               const float (&a)[kNT][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kNT / 2; ++kk) {
-    f[kk][0] = pack2<T>(a[2 * kk][0], a[2 * kk][1]);
-    f[kk][1] = pack2<T>(a[2 * kk][2], a[2 * kk][3]);
-    f[kk][2] = pack2<T>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
-    f[kk][3] = pack2<T>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
-  }
-}
-
-// The epilogue: a consumer warpgroup's dK·dk_scale and dV·dv_scale (its 64 keys' rows of the
-// accumulators, in the Sᵀ fragment layout) into `out` (2 x kOutBytes of shared memory, rows
-// unpermuted, 16-byte chunks swizzled by row), then, once both warpgroups have, the block's
-// kBlockN keys from n0 on from there to the rows of (b, kvh) in dk and dv that start at key row
-// k0() (the sequence's first when packed): those below seq_lk(), the columns below D and Dv.
-template <class T, class Tr, class K0, class SeqLk>
-__device__ __forceinline__ void store_dk_dv(const float (&dk)[Tr::kDT][4],
-                                            const float (&dv)[Tr::kDT][4], float dk_scale,
-                                            float dv_scale, unsigned char* out,
-                                            const BackwardParams& p, int b, int kvh,
-                                            std::int64_t n0, K0&& k0, SeqLk&& seq_lk, int wg,
-                                            int ctid, int warp, int g, int t) {
-  unsigned char* const out_k = out;
-  unsigned char* const out_v = out_k + Tr::kOutBytes;
-  constexpr int kRowBytes = Tr::kHeadDim * 2;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = 64 * wg + 8 * g + 2 * warp + hh;  // the key, unpermuted
-#pragma unroll
-    for (int j = 0; j < Tr::kDT; ++j) {
-      const int off = row * kRowBytes + ((j ^ ((row >> 3) & 7)) << 4) + 4 * t;
-      *reinterpret_cast<std::uint32_t*>(out_k + off) =
-          pack2<T>(dk[j][2 * hh] * dk_scale, dk[j][2 * hh + 1] * dk_scale);
-      *reinterpret_cast<std::uint32_t*>(out_v + off) =
-          pack2<T>(dv[j][2 * hh] * dv_scale, dv[j][2 * hh + 1] * dv_scale);
-    }
-  }
-  named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
-  T* const dk_rows =
-      static_cast<T*>(p.dk) + b * p.dk_stride.b + kvh * p.dk_stride.h + k0() * p.dk_stride.l;
-  T* const dv_rows =
-      static_cast<T*>(p.dv) + b * p.dv_stride.b + kvh * p.dv_stride.h + k0() * p.dv_stride.l;
-  constexpr int kRowChunks = Tr::kHeadDim / 8;
-  for (int c = ctid + 128 * wg; c < Tr::kBlockN * kRowChunks; c += 128 * Tr::kConsumers) {
-    const int row = c / kRowChunks, chunk = c % kRowChunks;
-    const std::int64_t key = n0 + row;
-    if (key >= seq_lk()) continue;
-    const int col = 8 * chunk;
-    const int off = row * kRowBytes + ((chunk ^ ((row >> 3) & 7)) << 4);
-    if (col < p.D) {
-      *reinterpret_cast<uint4*>(dk_rows + key * p.dk_stride.l + col) =
-          *reinterpret_cast<const uint4*>(out_k + off);
-    }
-    if (col < p.Dv) {
-      *reinterpret_cast<uint4*>(dv_rows + key * p.dv_stride.l + col) =
-          *reinterpret_cast<const uint4*>(out_v + off);
-    }
-  }
-}
 
 // kBiasTiles: a 16-bit bias that varies over queries arrives by TMA with each step's Q and dO,
 // into the step's dS buffer (see the producer below); else a bias is read per score.
@@ -357,46 +116,15 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[Tr::kDT][4],
 // above. Compiled into the default kernels behind a run-time test, its code cost them 4-16% of
 // their speed at p 0 (H100, sixteenth session in docs/benchmarks.md: the registers and the
 // consumers' arrivals it takes).
-enum class ModsCap { run_time, off, on };
-
-// The instantiations that can run on a persistent grid (tp.persist_tiles, set by the launcher
-// for dense calls without a causal mask): head dim 64's plain kernel without dropout. Each CTA
-// takes every gridDim.x-th tile (a key block of a (batch, kv head)), and the producer loads the
-// next tile's first Q and dO while the consumers write this one's dK and dV, which go out through
-// the K and V buffers. The other kernels compile the single tile of their block. With dropout the
-// persistent kernel spilled 60/84 bytes (32/32 without its code) and ran 1-11% slower than the
-// single-tile one (H100, nineteenth session in docs/benchmarks.md), so it stays without.
-template <class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles, bool kMods, bool kDet>
-constexpr bool backward_persists() {
-  return Tr::kHeadDim == 64 && !kDropout && !kBias && !kPacked && !kBiasTiles && !kMods && !kDet;
-}
-
 template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBiasTiles,
           bool kMods = false, ModsCap kCap = ModsCap::run_time, bool kAlibi = true,
           bool kDet = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
-  static_assert(!(kPacked && kBias), "packed calls take no bias");
-  static_assert(kBias || !kBiasTiles, "bias tiles are a bias");
-  static_assert(
-      !kMods || (!kPacked && !kBiasTiles &&
-                 (kBias ? kDropout && kCap == ModsCap::run_time : kCap != ModsCap::run_time)),
-      "the score-modifier kernels take packing (with a bias: dropout, the cap) at run time");
-  static_assert(kMods || kCap == ModsCap::run_time, "the cap is the modifiers' kernels'");
-  static_assert(kAlibi || (kMods && !kBias && kCap == ModsCap::off),
-                "the kernels without ALiBi's term are the window's alone");
-  // The modifiers' kernels with a bias or the cap: dropout as the params say.
-  constexpr bool kRuntimeDropout = kMods && (kBias || kCap == ModsCap::on);
-  static_assert(!kRuntimeDropout || kDropout, "run-time dropout is compiled with dropout");
-  // Instantiations with the window's code: the modifiers' kernels, the packed ones and those of
-  // bias tiles. The dense ones without a bias have none (on the H100 their window tests cost calls
-  // without a window 1-5%; bwd_run.cuh sends windows to the modifiers' kernels).
-  [[maybe_unused]] constexpr bool kWindowCode = kMods || kPacked || kBiasTiles;
-  constexpr bool kPersist =
-      backward_persists<Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kDet>();
-  static_assert(!kPersist || Tr::kOutBytes <= Tr::kKVBytes, "dK and dV staged in K and V");
-  static_assert(!kBiasTiles || Tr::kStages == 2,
-                "the bias of step it lands in dS buffer it % 2, freed with Q/dO stage it % 2");
+  using V = BackwardVariant<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap, kAlibi, kDet>;
+  constexpr bool kRuntimeDropout = V::kRuntimeDropout;
+  [[maybe_unused]] constexpr bool kWindowCode = V::kWindowCode;
+  constexpr bool kPersist = V::kPersist;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.

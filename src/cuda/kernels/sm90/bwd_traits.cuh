@@ -97,7 +97,7 @@ struct BwdTraits {
   // Per stage: full, empty, and per consumer "dQ staged" (the deterministic mode's writer).
   static constexpr int kBarriers = (2 + kConsumers) * kStages;
   // The deterministic mode's dQ slots: per stage and consumer, the workspace chunk and the turn
-  // of the dQ staged there (DqSlot in bwd_kernel.cuh, 16 bytes).
+  // of the dQ staged there (DqSlot in bwd_dq.cuh, 16 bytes).
   static constexpr int kOffSlots = kOffBar + 8 * kBarriers;
   static constexpr int kSmemBytes = 1024 + kOffSlots + 16 * kStages * kConsumers;
   // After the main loop the Q, dO and dS buffers hold dK and dV (kHeadDim columns, 16-byte
