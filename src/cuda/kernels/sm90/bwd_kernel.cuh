@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const bool dropout_on = kDropout && (!kRuntimeDropout || p.has_dropout);
   const bool window = kWindowCode && (p.mods.flags & ScoreMods::kWindow) != 0;
 
+  // Inline on purpose: as a BackwardSmem struct (methods for these lambdas) the PTX changed.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t raw = smem_addr(smem_raw);
   const std::uint32_t base = (raw + 1023u) & ~1023u;
@@ -176,6 +177,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     pk = *pk_smem;
     if (!pk.valid) return;
   }
+  // Inline on purpose: as a scheduler struct, with the producer as a function, the PTX changed.
   // Dense: key block y of (batch, kv head) z·gridDim.x + x: the grid's order in bands of
   // gridDim.x heads (bwd_traits.cuh, common/block_order.h). Plain expressions of the block index:
   // computing the order (a division) cost the main loop registers and spills. A persistent grid
