@@ -98,7 +98,8 @@ def profile_steps(name, build, loss_of, device, dtype, warmup, steps):
         with guard:
             for _ in range(warmup):
                 step()
-            calls = bc.memeff_calls(step) if name in bc.SLOT_BACKENDS else ""
+            calls = (bc.memeff_calls(step, compiled=hasattr(model, "_orig_mod"))
+                     if name in bc.SLOT_BACKENDS else "")
             if device.type == "cuda":
                 torch.cuda.synchronize()
             with profile(activities=activities) as prof:
