@@ -1,6 +1,6 @@
 // The shared memory of the sm90 forward (fwd_kernel.cuh) as its pieces address it: the Q buffers,
 // the K/V ring, the bias-tile ring, the mbarriers and the staged key-bias entries, in the order
-// and sizes FwdTraits::layout_bytes counts for the launcher.
+// and sizes FwdTraits::smem_bytes counts for the launcher.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +58,7 @@ struct ForwardSmem {
   // Then the staged key-bias tiles (Tr::kKeyBiasBytes, BiasRead::keys): two of kBlockN floats
   // per consumer.
   __device__ __forceinline__ float* key_bias() const {
-    return reinterpret_cast<float*>(
-        raw + (bars + 8u * Tr::template barriers<V::kBiasRead>() - smem_addr(raw)));
+    return reinterpret_cast<float*>(raw + (bars + 8u * Tr::kBarriers - smem_addr(raw)));
   }
   // The bias tiles (kBiasTiles) as a pointer.
   __device__ __forceinline__ const unsigned char* bias_tiles() const {

@@ -47,9 +47,8 @@ struct FwdTraits {
       kBlockN_;  // keys per tile (a multiple of the 64-key dropout block)
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kStages = kStages_;        // K/V shared-memory ring depth
-  // Q buffers asked for: with two, the producer loads the next work item's Q while the consumers
-  // still run the current one (a persistent CTA's items then start without waiting for their Q).
-  // An instantiation gets them where they fit beside the rest (q_stages below), else one.
+  // Q buffers: with two, the producer loads the next work item's Q while the consumers still run
+  // the current one (a persistent CTA's items then start without waiting for their Q).
   static constexpr int kQStages = kQStages_;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -67,27 +66,17 @@ struct FwdTraits {
   // A 16-bit bias tile of one stage: boxes of 64 keys (128 bytes, swizzled as Q) by kBlockM rows.
   static constexpr int kBiasBoxBytes = kBlockM * 128;
   static constexpr int kBiasTileBytes = kBlockN / 64 * kBiasBoxBytes;
-  // Shared memory of the kernel that reads the bias as kRead says, with q Q buffers: the Q
-  // buffers, the K/V ring, the bias ring (tiles), the barriers (Q full/empty per Q buffer; K, V
-  // and bias tiles full/empty per stage), the staged key entries (keys); + 1024 so the buffers
+  // Q full/empty per Q buffer; K full/empty; V full/empty; bias tiles full/empty (used by
+  // BiasRead::tiles).
+  static constexpr int kBarriers = 2 * kQStages + 6 * kStages;
+  // Shared memory of the kernel that reads the bias as kRead says: the Q buffers, the K/V ring,
+  // the bias ring (tiles), the barriers, the staged key entries (keys); + 1024 so the buffers
   // can be aligned to the 128-byte swizzle's 1024-byte period.
   template <BiasRead kRead>
-  static constexpr int layout_bytes(int q) {
-    return 1024 + q * kQBytes + 2 * kStages * kKVBytes +
-           (kRead == BiasRead::tiles ? kStages * kBiasTileBytes : 0) + 8 * (2 * q + 6 * kStages) +
-           (kRead == BiasRead::keys ? kKeyBiasBytes : 0);
-  }
-  template <BiasRead kRead>
-  static constexpr int q_stages() {
-    return layout_bytes<kRead>(kQStages) <= 227 * 1024 ? kQStages : 1;
-  }
-  template <BiasRead kRead>
-  static constexpr int barriers() {
-    return 2 * q_stages<kRead>() + 6 * kStages;
-  }
-  template <BiasRead kRead>
   static constexpr int smem_bytes() {
-    return layout_bytes<kRead>(q_stages<kRead>());
+    return 1024 + kQStages * kQBytes + 2 * kStages * kKVBytes +
+           (kRead == BiasRead::tiles ? kStages * kBiasTileBytes : 0) + 8 * kBarriers +
+           (kRead == BiasRead::keys ? kKeyBiasBytes : 0);
   }
   // Register split (setmaxnreg): the producer gives registers back and the consumers take them.
   // setmaxnreg.inc waits until the CTA's pool (what the launch allocated: kLaunchRegs per thread)

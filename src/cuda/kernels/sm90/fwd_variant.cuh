@@ -30,8 +30,7 @@ struct ForwardVariant {
   // window test cost calls without a window 1-4%; fwd_run.cuh sends windows to the modifiers').
   static constexpr bool kWindowCode =
       kMods || kPacked || kBiasRead == BiasRead::keys || kBiasRead == BiasRead::tiles;
-  // The Q buffers of the instantiation's shared memory (FwdTraits::q_stages).
-  static constexpr int kQStages = Tr::template q_stages<kBiasRead>();
+  static constexpr int kQStages = Tr::kQStages;
 };
 
 }  // namespace memeff::cuda::sm90
