@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/call_helpers.h"
 #include "common/host_tensor.h"
 #include "common/kernel_case.h"
 #include "common/tolerance.h"
@@ -279,6 +280,66 @@ TEST_P(CudaForward, MoreWorkItemsThanMultiprocessors) {
       make({.B = 2, .Hq = 40, .Hkv = 40, .Lq = 256, .Lk = 256, .D = 128, .dropout = 0.1});
   head_dim_128.bias = "b1qk";
   check_case(head_dim_128, 72);
+  // Items whose costs differ (a causal mask, a one-sided window): the sm90 grid's CTAs take each
+  // item after their first from a counter, so a CTA's items are not known in advance; every head
+  // dim bucket, with and without dropout, a key-padding bias and bias tiles, and a right-bounded
+  // window (the modifiers' kernels) with items that see no key at the end of the grid.
+  std::uint64_t seed = 80;
+  for (std::int64_t D : {64, 96, 128, 256}) {
+    KernelCase causal = make({.B = 2, .Hq = 32, .Hkv = 8, .Lq = 520, .Lk = 520, .D = D,
+                              .causal = kTopLeft, .dropout = D == 96 ? 0.1 : 0.0});
+    check_case(causal, ++seed);
+  }
+  KernelCase padded = make({.B = 3, .Hq = 48, .Hkv = 48, .Lq = 300, .Lk = 300,
+                            .causal = kTopLeft, .dropout = 0.1});
+  padded.bias = "b11k";
+  check_case(padded, ++seed);
+  padded.bias = "1hqk";
+  padded.bias_dtype = padded.dtype;
+  padded.dropout = 0.0;
+  check_case(padded, ++seed);
+  KernelCase window = make({.B = 2, .Hq = 40, .Hkv = 10, .Lq = 700, .Lk = 384, .D = 128});
+  window.window = {.left = -1, .right = 0};
+  window.causal = kBottomRight;
+  check_case(window, ++seed);
+}
+
+TEST_P(CudaForward, CausalWorkspaceIsTheCallersOrItsOwn) {
+  // The sm90 forward of a causal call asks for a workspace (its walk's counter); one without a
+  // causal mask does not. A caller's workspace of that size serves it, a smaller one is named.
+  if (GetParam() != std::string("cuda_sm90") || !test::cuda_device_is_sm90()) {
+    GTEST_SKIP() << "the Hopper forward's workspace";
+  }
+  HostTensor q(DType::bf16, {2, 40, 384, 64}), k(DType::bf16, {2, 40, 384, 64}),
+      v(DType::bf16, {2, 40, 384, 64});
+  HostTensor out(DType::bf16, {2, 40, 384, 64}), lse(DType::f32, {2, 40, 384});
+  std::mt19937_64 rng(9);
+  for (HostTensor* t : {&q, &k, &v}) test::fill_uniform(*t, rng);
+  DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
+  AttentionArgs args = test::attention_args(dq, dk, dv);
+  Options opt = test::only({"cuda_sm90"});
+  EXPECT_EQ(workspace_size(args, Pass::forward, opt), 0u) << "no causal mask";
+  args.causal = kTopLeft;
+  const std::size_t bytes = workspace_size(args, Pass::forward, opt);
+  ASSERT_GT(bytes, 0u) << "the causal walk's counter";
+  EXPECT_EQ(forward(args, dout.view, dlse.view, opt).backend, "cuda_sm90");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<std::uint8_t> own = dout.bytes_on_host();
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws, 0x7F, bytes), cudaSuccess);  // whatever it held before
+  opt.workspace = ws;
+  opt.workspace_bytes = bytes;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    EXPECT_EQ(forward(args, dout.view, dlse.view, opt).backend, "cuda_sm90");
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dout.bytes_on_host() == own) << "the items' results do not depend on their CTA";
+  }
+  opt.workspace_bytes = bytes - 1;
+  const test::Thrown small = test::thrown_by([&] { forward(args, dout.view, dlse.view, opt); });
+  EXPECT_TRUE(small.error && test::contains(small.message, "workspace_bytes")) << small.message;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(ws);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaForward, ::testing::Values("cuda", "cuda_sm90"),

@@ -55,7 +55,9 @@ class FusedBackend final : public CudaBackendBase {
   }
 
   std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
-    if (pass != Pass::backward || pb.B == 0 || pb.Hq == 0 || pb.Lq == 0 || pb.Lk == 0) return 0;
+    if (pb.B == 0 || pb.Hq == 0 || pb.Lq == 0) return 0;
+    if (pass == Pass::forward) return Family::forward_workspace_bytes(cuda::forward_params(pb));
+    if (pb.Lk == 0) return 0;
     // dbias may be asked for: its accumulator counts when the bias's shape reduces it.
     return Family::backward_workspace_bytes(cuda::backward_params(pb));
   }
@@ -72,7 +74,10 @@ class FusedBackend final : public CudaBackendBase {
     const std::vector<std::string> reasons = Family::forward_reasons(p, caps);
     if (!reasons.empty()) throw_cannot_run(Family::kBackend, Pass::forward, reasons);
     // Lk == 0 (packed: a sequence without keys) writes out 0, lse -inf.
-    Family::forward(p, cuda::elem_type(pb.dtype), caps, stream);
+    const std::string who = std::string(Family::kBackend) + " forward";
+    cuda::Workspace workspace(who.c_str(), Family::forward_workspace_bytes(p), options, stream);
+    Family::forward(p, workspace.data(), cuda::elem_type(pb.dtype), caps, stream);
+    workspace.release();
   }
 
   void backward(const Problem& pb, const AttentionArgs& args, const BackwardTensors& g,

@@ -5,15 +5,17 @@
 //   static constexpr bool kScoreModifiers;             // runs window, ALiBi, softcap (ScoreMods)
 //   static std::vector<std::string> forward_reasons(const ForwardParams&, const DeviceCaps&);
 //   static std::vector<std::string> backward_reasons(const BackwardParams&, const DeviceCaps&);
+//   static std::size_t forward_workspace_bytes(const ForwardParams&);
 //   static std::size_t backward_workspace_bytes(const BackwardParams&);
-//   static void forward(const ForwardParams&, ElemType, const DeviceCaps&, cudaStream_t);
+//   static void forward(const ForwardParams&, void* workspace, ElemType, const DeviceCaps&,
+//                       cudaStream_t);
 //   static void backward(const BackwardParams&, void* workspace, ElemType, const DeviceCaps&,
 //                        cudaStream_t);
 //
 // Reasons take params filled from the problem alone (null pointers pass) or from the views; an
 // empty list means the family runs them. forward and backward take non-empty problems whose
-// params passed the reasons; the backward's workspace holds backward_workspace_bytes, 16-byte
-// aligned. Packed calls are told apart by their params (packed_layout in common/varlen.cuh).
+// params passed the reasons; each pass's workspace holds its *_workspace_bytes, 16-byte aligned
+// (null where that is 0). Packed calls are told apart by their params (packed_layout in common/varlen.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -62,7 +62,9 @@ std::vector<std::string> Family::forward_reasons(const ForwardParams& p, const D
   return reasons;
 }
 
-void Family::forward(const ForwardParams& p, ElemType type, const DeviceCaps&,
+std::size_t Family::forward_workspace_bytes(const ForwardParams&) { return 0; }
+
+void Family::forward(const ForwardParams& p, void*, ElemType type, const DeviceCaps&,
                      cudaStream_t stream) {
   if (p.Lq == 0 || p.B == 0 || p.Hq == 0) return;
   const int bucket = ForwardHeadDims::bucket_of(std::max(p.D, p.Dv));

@@ -48,28 +48,31 @@ __device__ __forceinline__ void add_tiled_bias(float (&s)[kNT][4], const unsigne
 
 // Ping-pong turns: per work item each consumer issues its products n_tiles + 1 times (the first
 // Q·Kᵀ, then Q·Kᵀ + P·V per further tile, then the last P·V), waiting for its turn on its own
-// barrier and passing it to the next consumer. The last consumer opens the first turn of the
-// CTA, and its final turn of an item opens the next item that has keys; after the CTA's last
-// such item it passes nothing, so every barrier sees as many arrivals as waits. One item's turns:
+// barrier and passing it to the next consumer after each. The last consumer opens the CTA's first
+// turn, so consumer 0's barrier gets one arrival more than it has turns; consumer 0 takes it
+// after the walk (close), and every barrier sees as many arrivals as waits. (Passing after every
+// turn needs no knowledge of later items, which a dynamic walk does not have.)
 template <class Tr>
 struct PingPongTurns {
   static constexpr bool kPingPong = Tr::kConsumers > 1;
   static constexpr int kLastConsumer = Tr::kConsumers - 1;
-  int cw;          // the consumer
-  int turns;       // n_tiles + 1; none for an item without keys
-  bool pass_last;  // the last consumer's final turn opens a later item's first
-  int turn = 0;    // turns taken so far
+  int cw;  // the consumer
 
+  __device__ __forceinline__ void open() const {
+    if constexpr (kPingPong) {
+      if (cw == kLastConsumer) named_bar_arrive(Tr::kTurnBarrier, 256);
+    }
+  }
   __device__ __forceinline__ void begin() const {
     if constexpr (kPingPong) named_bar_sync(Tr::kTurnBarrier + cw, 256);
   }
-  __device__ __forceinline__ void end() {
+  __device__ __forceinline__ void end() const {
+    if constexpr (kPingPong) named_bar_arrive(Tr::kTurnBarrier + (cw + 1) % Tr::kConsumers, 256);
+  }
+  __device__ __forceinline__ void close() const {
     if constexpr (kPingPong) {
-      if (cw != kLastConsumer || turn != turns - 1 || pass_last) {
-        named_bar_arrive(Tr::kTurnBarrier + (cw + 1) % Tr::kConsumers, 256);
-      }
+      if (cw == 0) named_bar_sync(Tr::kTurnBarrier, 256);
     }
-    ++turn;
   }
 };
 
@@ -92,7 +95,6 @@ __device__ __forceinline__ void consume_forward_items(
   using T = typename V::T;
   using Tr = typename V::Tr;
   constexpr int kNT = Tr::kNT, kDT = Tr::kDT, kStages = Tr::kStages, kBlockN = Tr::kBlockN;
-  constexpr int kLastConsumer = PingPongTurns<Tr>::kLastConsumer;
   constexpr int kQStages = V::kQStages;
   constexpr bool kDropout = V::kDropout, kMods = V::kMods, kBiasTiles = V::kBiasTiles;
   constexpr bool kWindowCode = V::kWindowCode;
@@ -104,7 +106,6 @@ __device__ __forceinline__ void consume_forward_items(
   // below reads the problem's values wherever a packed call reads the sequence's
   // (packed_call ? packed.x : p.x).
   const PackedItem& packed = scheduler.packed;
-  const int items = scheduler.items, first_item = scheduler.first_item, stride = scheduler.stride;
   const int m_blocks = scheduler.m_blocks;
   auto item_at = [&](int index) {
     return ForwardScheduler<V>::item_of(packed_call, packed, p, m_blocks, tp.head_band, index);
@@ -305,22 +306,17 @@ __device__ __forceinline__ void consume_forward_items(
   };
 
   // Ping-pong turns (PingPongTurns): the last consumer opens the CTA's first.
-  constexpr bool kPingPong = PingPongTurns<Tr>::kPingPong;
-  auto later_item_has_keys = [&](int index) {
-    for (int next = index + stride; next < items; next += stride) {
-      if (item_at(next).n_tiles > 0) return true;
-    }
-    return false;
-  };
-  if constexpr (kPingPong) {
-    if (cw == kLastConsumer && later_item_has_keys(first_item - stride)) {
-      named_bar_arrive(Tr::kTurnBarrier, 256);
-    }
-  }
+  const PingPongTurns<Tr> turn{cw};
+  turn.open();
 
   int kv = 0;  // K/V tiles consumed so far: the ring position
-  int local = 0;
-  for (int index = first_item; index < items; index += stride, ++local) {
+  for (int local = 0, counted = scheduler.first_item();; ++local) {
+    // The item whose Q buffer qs holds, or the end of the walk.
+    const int qs = local % kQStages;
+    mbar_wait(smem.q_full(qs), (local / kQStages) & 1);
+    const int index = scheduler.item_of_buffer(qs, counted);
+    if (index == ForwardScheduler<V>::kEndOfWalk) break;
+    counted = scheduler.counted_next(index);
     const WorkItem w = item_at(index);
     const int n_tiles = w.n_tiles;
     // Tiles are visited from the last to the first: tile n_first + n_tiles - 1 - it.
@@ -332,18 +328,12 @@ __device__ __forceinline__ void consume_forward_items(
     row0 = m0 + 64 * cw + 16 * warp + g;
     if (has_bias) bias_base = b * p.bias_stride.b + h * p.bias_stride.h;
 
-    const int turns = n_tiles > 0 ? n_tiles + 1 : 0;
-    PingPongTurns<Tr> turn{
-        cw, turns, kPingPong && cw == kLastConsumer && turns > 0 && later_item_has_keys(index)};
-
 #pragma unroll
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     row_m[0] = row_m[1] = -INFINITY;
     row_l[0] = row_l[1] = 0.0f;
 
-    const int qs = local % kQStages;
     q_base = qs * Tr::kQBytes;
-    mbar_wait(smem.q_full(qs), (local / kQStages) & 1);
     if (n_tiles > 0) {
       if constexpr (key_bias) {  // the first tile's entries, before its products
         load_key_bias(n_first + n_tiles - 1);
@@ -445,6 +435,7 @@ __device__ __forceinline__ void consume_forward_items(
       }
     }
   }
+  turn.close();  // the last consumer's pass after the CTA's last turn
 }
 
 }  // namespace memeff::cuda::sm90

@@ -2,8 +2,9 @@
 // persistent.
 //
 // The grid holds one CTA per SM; each walks the work items (a query block of kBlockM =
-// 64·kConsumers rows of one batch·head) blockIdx.x, blockIdx.x + gridDim.x, ... Warpgroup 0 is the
-// producer: after shrinking its registers (setmaxnreg) one thread issues every TMA load: an item's
+// 64·kConsumers rows of one batch·head) from blockIdx.x on: blockIdx.x + gridDim.x, ... where every
+// item costs the same, and where costs differ (a causal mask) whichever item a counter in global
+// memory hands out next (fwd_scheduler.cuh). Warpgroup 0 is the producer: after shrinking its registers (setmaxnreg) one thread issues every TMA load: an item's
 // Q once its buffer is free (two buffers at head dim 64, so the next item's Q arrives while the
 // consumers still run the current one; one elsewhere, where it arrives while they finish it:
 // fwd_traits.cuh), then K and V tiles of kBlockN keys into a kStages-deep ring of shared-memory
@@ -26,8 +27,8 @@
 // warpgroup's softmax runs under another's products. Key tiles are visited from the last to the
 // first, so the tiles that need masking (the causal diagonal, the end of the sequence) come first.
 // Work items of one batch·head are adjacent in the persistent order, so the CTAs resident at a
-// time share a few heads' K and V in L2; under a causal mask (one CTA per item) in bands of a few
-// heads, each walked query block by query block, heaviest first (common/block_order.h).
+// time share a few heads' K and V in L2; under a causal mask they come in bands of a few heads,
+// each walked query block by query block, heaviest first (common/block_order.h).
 //
 // Sliding window, ALiBi and softcap (ScoreMods in params.h, docs/window.md): an item visits only
 // the key tiles some row of its block sees (KeyMask::key_tile_range: [n_first, n_first + n_tiles)),

@@ -13,9 +13,10 @@
 
 namespace memeff::cuda::sm90 {
 
-// Per work item: its Q into the next Q buffer, then K (with the bias tile, kBiasTiles) and V of
-// each key tile it visits, from the last to the first, into the K/V ring that runs on across
-// items.
+// Per work item: its index into the next Q buffer's item slot and its Q into the buffer, then K
+// (with the bias tile, kBiasTiles) and V of each key tile it visits, from the last to the first,
+// into the K/V ring that runs on across items; after the last item, the end of the walk into the
+// next slot.
 template <class V>
 __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
                                                    const ForwardSmem<V>& smem,
@@ -30,18 +31,22 @@ __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
   prefetch_tensor_map(&tp.v);
   if constexpr (V::kBiasTiles) prefetch_tensor_map(&tp.bias);
   int kv = 0;  // K/V tiles loaded so far: the ring position
-  int local = 0;
-  for (int index = scheduler.first_item; index < scheduler.items;
-       index += scheduler.stride, ++local) {
+  for (int index = scheduler.first_item(), local = 0;; ++local) {
+    // The consumers are done with the Q this buffer held (kQStages items ago) and with its item.
+    // They learn the new one (or the end of the walk) by the buffer's q_full arrival.
+    const int qs = local % kQStages;
+    mbar_wait(smem.q_empty(qs), ((local / kQStages) & 1) ^ 1);
+    scheduler.tell(qs, index);
+    if (index == ForwardScheduler<V>::kEndOfWalk) {
+      mbar_arrive(smem.q_full(qs));
+      break;
+    }
     const WorkItem w = scheduler.item_at(index);
     // Map coordinates: dense (b, h, row); packed (0, h, packed row), the sequence's first
     // query and key rows added (int32: total rows are at most 2^31 - 1).
     const int b = packed_call ? 0 : w.bh / p.Hq, h = packed_call ? packed.h : w.bh % p.Hq;
     const int kvh = h / p.group;
     const int k_row0 = packed_call ? static_cast<int>(packed.k0) : 0;
-    // The consumers are done with the Q this buffer held (kQStages items ago).
-    const int qs = local % kQStages;
-    mbar_wait(smem.q_empty(qs), ((local / kQStages) & 1) ^ 1);
     mbar_arrive_expect_tx(smem.q_full(qs), Tr::kQBytes);
     const int q_row = static_cast<int>(w.m0 + (packed_call ? packed.q0 : 0));
 #pragma unroll
@@ -81,6 +86,9 @@ __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
                     64 * db, row, kvh, b);
       }
     }
+    // The next item once this one's loads are issued: a CTA takes it from the dynamic walk's
+    // counter about when its consumers reach this item's last key tiles.
+    index = scheduler.next_item(index);
   }
 }
 

@@ -42,24 +42,35 @@ void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
   // Without a causal mask every item costs the same, so a persistent grid (one CTA per SM, each
   // walking items blockIdx.x + k·gridDim.x) stays in step: the next items' Q and K/V load under
   // the current ones' tails and the resident CTAs keep sharing a few heads' K/V in L2. Under a
-  // causal mask the items' costs differ, and one CTA per item lets the hardware hand the next
-  // item to whichever SM frees up first (measured on the H200: the persistent grid lost 10-37% on
-  // the causal anchor shapes and won 15% on bert-base; docs/benchmarks.md), in bands of heads
-  // walked query block by query block (common/block_order.h; one CTA per SM: setmaxnreg's split
-  // takes the register file; a head's K and V, shared by the q heads of its group, are what its
-  // items share in L2). A window bounded on both sides (a causal one with a left bound) gives
-  // every item the same keys again but at the sequence's ends, so it takes the persistent grid
-  // too (by that reasoning; not measured yet).
+  // causal mask the items' costs differ: walked statically, the persistent grid lost 10-37% on
+  // the causal anchor shapes (H200; docs/benchmarks.md), so there each CTA of the persistent grid
+  // takes its next item from a counter (item_counter, in the workspace: Family::forward), in the
+  // order one CTA per item would have started them: bands of heads walked query block by query
+  // block, heaviest first (common/block_order.h; a head's K and V, shared by the q heads of its
+  // group, are what its items share in L2). Without it (a GPU of more than kMaxWalkCtas SMs),
+  // such calls take one CTA per item, which the hardware hands out in the same order. Measured
+  // beside one CTA per item (H100, docs/benchmarks.md): 1-15% faster on the causal anchor
+  // shapes without dropout, most where items are short (a CTA no longer starts, fills its
+  // pipeline and drains per item). A window bounded on both sides (a causal one with a left bound) gives every item
+  // the same keys again but at the sequence's ends, so it takes the static walk.
   const long long m_blocks = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM;
   const long long items = m_blocks * p.B * p.Hq;
   const long long sms = multiprocessors > 0 ? multiprocessors : 1;
   const bool vary = block_costs_vary(p);
-  const long long ctas = !vary && items > sms ? sms : items;
+  const bool dynamic =
+      vary && items > sms && sms <= kMaxWalkCtas && params.item_counter != nullptr;
+  const long long ctas = (!vary || dynamic) && items > sms ? sms : items;
   ForwardTmaParams tp = params;
   if (vary) {
     tp.head_band = static_cast<int>(
         grid_band_heads(static_cast<std::int64_t>(p.B) * p.Hq, m_blocks, sms,
                         p.Lk * (p.D + p.Dv) * std::int64_t{sizeof(T)} / std::max(p.group, 1)));
+  }
+  if (dynamic) {
+    check_cuda(cudaMemsetAsync(tp.item_counter, 0, sizeof(int), stream),
+               "cudaMemsetAsync(sm90 forward item counter)");
+  } else {
+    tp.item_counter = tp.item_slots = nullptr;
   }
   kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, kSmem, stream>>>(tp);
   check_launch("attention_forward_kernel launch");

@@ -1,7 +1,8 @@
 // The tile scheduler of the sm90 forward (fwd_kernel.cuh): the work items a CTA takes, each with
-// its trip count over key tiles. Dense calls walk theirs from blockIdx.x in steps of gridDim.x
-// (persistent, or one CTA per item in bands of heads: common/block_order.h); a packed call's CTA
-// takes the one item the varlen tile scheduler gives it (common/varlen.cuh).
+// its trip count over key tiles. Dense calls walk theirs from blockIdx.x, in steps of gridDim.x
+// or taking each next one from a counter (persistent grids), or one CTA per item; the items come
+// in bands of heads (common/block_order.h). A packed call's CTA takes the one item the varlen
+// tile scheduler gives it (common/varlen.cuh).
 #pragma once
 
 #include <cstdint>
@@ -97,17 +98,25 @@ __device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p,
 }
 
 // The CTA's work items. Dense calls walk m_blocks·B·Hq of them (the launcher bounds the count by
-// 2^31 - 1) from blockIdx.x in steps of gridDim.x; a packed CTA has its one item, index 0, taken
-// before the roles split (packed_item_of_cta). Both roles walk the same items:
-//   for (int index = first_item; index < items; index += stride) ... item_at(index) ...
+// 2^31 - 1) from item blockIdx.x: statically in steps of gridDim.x, or dynamically, the producer
+// taking each next item from the launcher's counter (ForwardTmaParams::item_counter) once it has
+// issued the current one's loads, so the CTA that runs ahead takes more. A packed CTA has its one
+// item, index 0, taken before the roles split (packed_item_of_cta). The producer walks the items
+// (first_item, then next_item until it gives kEndOfWalk) and arrives on a Q buffer's q_full once
+// more after the last one; the consumers wait on each Q buffer in turn and take its item from
+// item_of_buffer: counted (static), or from the slot the producer wrote before the arrival
+// (dynamic; in global memory, which the mbarrier orders as it does shared memory).
 template <class V>
 struct ForwardScheduler {
   using Tr = typename V::Tr;
+  static constexpr int kEndOfWalk = -1;
 
   const ForwardTmaParams& tp;
   const bool packed_call;    // the params' packing (a constant outside the modifiers' kernels)
   const PackedItem& packed;  // packed_call: the CTA's item and its sequence
-  const int m_blocks, items, first_item, stride;
+  const int m_blocks, items;
+  int* const counter;  // the dynamic walk's (dense calls), else null
+  int* const slots;    // the dynamic walk: this CTA's item per Q buffer
 
   __device__ __forceinline__ ForwardScheduler(const ForwardTmaParams& tp, bool packed_call,
                                               const PackedItem& packed)
@@ -116,15 +125,41 @@ struct ForwardScheduler {
         packed(packed),
         m_blocks(packed_call ? 0 : static_cast<int>((tp.p.Lq + Tr::kBlockM - 1) / Tr::kBlockM)),
         items(packed_call ? 1 : m_blocks * tp.p.B * tp.p.Hq),
-        first_item(packed_call ? 0 : static_cast<int>(blockIdx.x)),
-        stride(packed_call ? 1 : static_cast<int>(gridDim.x)) {}
+        counter(packed_call ? nullptr : tp.item_counter),
+        slots(counter != nullptr ? tp.item_slots + blockIdx.x * kMaxQStages : nullptr) {}
+
+  // The CTA's first item (the grid never has more CTAs than items).
+  __device__ __forceinline__ int first_item() const {
+    return packed_call ? 0 : static_cast<int>(blockIdx.x);
+  }
+  // The static walk's item after `index`.
+  __device__ __forceinline__ int counted_next(int index) const {
+    if (packed_call) return kEndOfWalk;
+    const std::int64_t next = std::int64_t{index} + gridDim.x;
+    return next < items ? static_cast<int>(next) : kEndOfWalk;
+  }
+  // The producer's next item: from the counter (dynamic) or counted.
+  __device__ __forceinline__ int next_item(int index) const {
+    if (counter == nullptr) return counted_next(index);
+    const std::int64_t next = std::int64_t{atomicAdd(counter, 1)} + gridDim.x;
+    return next < items ? static_cast<int>(next) : kEndOfWalk;
+  }
+  // The producer tells the consumers the item (or kEndOfWalk) of Q buffer qs, before its q_full
+  // arrival.
+  __device__ __forceinline__ void tell(int qs, int index) const {
+    if (slots != nullptr) slots[qs] = index;
+  }
+  // The consumers' item of Q buffer qs once its q_full phase completed: `counted` is their own
+  // count of the static walk.
+  __device__ __forceinline__ int item_of_buffer(int qs, int counted) const {
+    return slots != nullptr ? *static_cast<volatile const int*>(slots + qs) : counted;
+  }
 
   __device__ __forceinline__ WorkItem item_at(int index) const {
     return item_of(packed_call, packed, tp.p, m_blocks, tp.head_band, index);
   }
-  // item_at from values the caller holds: the consumers' lambdas call it with their copies. (Their
-  // test for a later item with keys through `this` gave the modifiers' kernels other register
-  // assignments.)
+  // item_at from values the caller holds: the consumers call it with their copies (through `this`
+  // the modifiers' kernels got other register assignments).
   static __device__ __forceinline__ WorkItem item_of(bool packed_call, const PackedItem& packed,
                                                      const ForwardParams& p, int m_blocks,
                                                      int head_band, int index) {

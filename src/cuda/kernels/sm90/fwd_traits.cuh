@@ -27,7 +27,21 @@ struct ForwardTmaParams {
   // common/block_order.h over B·Hq heads of m_blocks query blocks (the last query block first),
   // in bands of head_band heads (1: head by head; head_band divides B·Hq).
   int head_band = 1;
+  // Dense calls whose items differ in cost (a causal mask, a one-sided window) on a persistent
+  // grid: a counter the launcher zeroed, from which each CTA takes the item after its first
+  // (item gridDim.x + the counter's old value), so whichever CTA finishes first takes the next
+  // item in the walk's order; and per CTA, kMaxQStages slots in which its producer tells its
+  // consumers the item each Q buffer holds (fwd_scheduler.cuh). Null: CTA x walks items x,
+  // x + gridDim.x, ... and every role counts them itself. Both live in the workspace
+  // (kForwardWalkBytes: Family::forward_workspace_bytes).
+  int* item_counter = nullptr;
+  int* item_slots = nullptr;
 };
+
+// The dynamic walk's workspace: the counter (16 bytes, zeroed before each launch) and the slots of
+// at most kMaxWalkCtas CTAs (a grid of more SMs walks statically).
+inline constexpr int kMaxQStages = 2, kMaxWalkCtas = 1024;
+inline constexpr int kForwardWalkBytes = 16 + 4 * kMaxQStages * kMaxWalkCtas;
 
 // How a forward instantiation reads the bias (attention_forward_kernel's kBiasRead).
 enum class BiasRead {
@@ -91,7 +105,7 @@ struct FwdTraits {
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "key tiles hold whole 64-key dropout blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head dim bucket: multiple of 16 up to 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "1 to 3 consumer warpgroups");
-  static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
+  static_assert(kQStages >= 1 && kQStages <= kMaxQStages, "one or two Q buffers");
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs,
                 "setmaxnreg split exceeds the registers allocated at launch");
   static_assert(smem_bytes<BiasRead::tiles>() <= 227 * 1024 &&

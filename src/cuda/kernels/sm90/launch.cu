@@ -98,8 +98,14 @@ std::vector<std::string> Family::forward_reasons(const ForwardParams& p, const D
   return reasons;
 }
 
-void Family::forward(const ForwardParams& params, ElemType type, const DeviceCaps& dev,
-                     cudaStream_t stream) {
+// The dynamic walk's counter and item slots (fwd_run.cuh) for dense calls whose items differ in
+// cost.
+std::size_t Family::forward_workspace_bytes(const ForwardParams& p) {
+  return !packed_layout(p) && block_costs_vary(p) ? kForwardWalkBytes : 0;
+}
+
+void Family::forward(const ForwardParams& params, void* workspace, ElemType type,
+                     const DeviceCaps& dev, cudaStream_t stream) {
   if (params.Lq == 0 || params.B == 0 || params.Hq == 0) return;
   const int bucket = forward_bucket(params);
   const ForwardTile tile = forward_tile(bucket);
@@ -108,6 +114,16 @@ void Family::forward(const ForwardParams& params, ElemType type, const DeviceCap
   ForwardTmaParams tp{};
   tp.p = params;
   const bool packed = params.cu_seqlens_q != nullptr;
+  if (forward_workspace_bytes(params) > 0) {
+    if (workspace == nullptr) {
+      throw Error(ErrorCode::invalid_argument,
+                  "argument `workspace`: the cuda_sm90 forward needs " +
+                      std::to_string(forward_workspace_bytes(params)) +
+                      " bytes, got a null pointer");
+    }
+    tp.item_counter = static_cast<int*>(workspace);
+    tp.item_slots = tp.item_counter + 4;
+  }
   auto map_of = [&](const void* data, int H, std::int64_t L, int D, const Strides& s,
                     std::int64_t total) {
     return packed ? tma_tensor_packed(data, bf16, H, total, D, s)
