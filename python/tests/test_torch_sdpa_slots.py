@@ -806,6 +806,43 @@ def test_math_slot_under_torch_compile_on_cpu(cpu_math_slot):
     assert not torch.allclose(compiled(q, k, v), out)
 
 
+def test_math_slot_boolean_mask_compiles_afresh_and_after_eager_calls_on_cpu(cpu_math_slot):
+    # A boolean mask becomes a bias through memeff's 0 and -inf values, which eager calls keep
+    # per dtype. Under torch.compile the math slot's kernel runs in the trace's fake mode, and
+    # each compile (Dynamo's fake run, then the backend's) has a mode of its own: a value kept
+    # from one trace failed the next ("Mixing fake modes NYI", bench_hf's slots_math step), one
+    # kept from an eager call failed inside a trace. Every step here compiles afresh and matches
+    # the eager call with the same seed; no tensor of a trace is left as the latest rng_state.
+    p = 0.25
+    q, k, v, dout = math_slot_case("compile-bool-mask", p)
+    B, _, L, _ = q.shape
+    keep = torch.rand(B, 1, L, L, generator=seeded_generator("compile-bool-mask-keys")) > 0.3
+    keep[..., 0] = True  # every query sees a key
+    assert int(torch._fused_sdp_choice(q, k, v, keep, p, False)) == 0  # PyTorch's math path
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+
+    def run(fn):
+        torch.manual_seed(11)
+        out = fn(q, k, v)
+        return out, torch.autograd.grad(out, (q, k, v), dout)
+
+    def compiled_afresh():
+        torch._dynamo.reset()
+        return torch.compile(attend, backend="aot_eager", fullgraph=True)
+
+    compiled = [run(compiled_afresh()) for _ in range(2)]
+    eager = run(attend)
+    compiled.append(run(compiled_afresh()))
+    for i, (out, grads) in enumerate(compiled):
+        torch.testing.assert_close(out, eager[0], msg=f"out of compile {i}")
+        for name, g, e in zip(("dq", "dk", "dv"), grads, eager[1]):
+            torch.testing.assert_close(g, e, msg=f"{name} of compile {i}")
+    state = mt.last_rng_state()  # the eager call's
+    assert type(state) is torch.Tensor, f"the latest rng_state is a {type(state).__name__}"
+
+
 def test_compiled_attention_keeps_its_backward_after_the_math_slot_is_removed():
     # PyTorch's Python dispatcher caches, per op, where each dispatch key's call goes; a graph
     # traced after memeff's kernel left the composite op's autograd key must find PyTorch's

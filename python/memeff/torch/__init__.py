@@ -197,15 +197,35 @@ def _check_mask_shape(attn_mask: torch.Tensor, q: torch.Tensor, rank: int, keys:
                          f"broadcast to the attention scores {names} = {list(scores)}")
 
 
-_MASK_VALUES: dict = {}
+def _traced(t: torch.Tensor) -> bool:
+    """Whether a call on t is being traced rather than run: by Dynamo, or under a dispatch mode
+    (the fake tensors Dynamo and AOTAutograd trace with, make_fx's proxies). The math slot's
+    kernel runs memeff's Python under them as torch.compile traces F.sdpa, and there
+    torch.compiler.is_compiling() is False. A tensor such a call makes belongs to its trace: kept
+    in module state, it fails the next trace (another fake mode: "Mixing fake modes NYI") and a
+    real one kept from an eager call fails inside a trace ("Please convert all Tensors to
+    FakeTensors first")."""
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or isinstance(t, torch._subclasses.FakeTensor))
 
 
-def _mask_values(dtype: torch.dtype):
-    """0 and -inf as 0-dim CPU tensors of `dtype`, made once per dtype."""
+_MASK_VALUES: dict = {}  # eager calls' values per dtype (see _mask_values)
+
+
+def _new_mask_values(dtype: torch.dtype):
+    # On the CPU by name: a default device (`with torch.device("cuda"):`) must not move them.
+    return (torch.zeros((), dtype=dtype, device="cpu"),
+            torch.full((), float("-inf"), dtype=dtype, device="cpu"))
+
+
+def _mask_values(dtype: torch.dtype, q: torch.Tensor):
+    """0 and -inf as 0-dim CPU tensors of `dtype`: made once per dtype for eager calls, and
+    anew by a traced call (_traced(q)), in its trace (two small fills in the graph)."""
+    if _traced(q):
+        return _new_mask_values(dtype)
     values = _MASK_VALUES.get(dtype)
     if values is None:
-        values = (torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
-        _MASK_VALUES[dtype] = values
+        values = _MASK_VALUES[dtype] = _new_mask_values(dtype)
     return values
 
 
@@ -233,7 +253,7 @@ def _bias_of_mask(attn_mask: Optional[torch.Tensor], q: torch.Tensor, rank: int,
         # The two values as 0-dim CPU tensors, which torch.where takes beside tensors of any
         # device as it takes Python scalars but in their own dtype: no allocation or fill on the
         # GPU per call (q.new_zeros(()) and q.new_full(()) launched two).
-        zero, minus_inf = _mask_values(q.dtype)
+        zero, minus_inf = _mask_values(q.dtype, q)
         bias = torch.where(bias, zero, minus_inf)
     elif bias.dtype != q.dtype and bias.dtype != torch.float32:
         bias = bias.to(q.dtype)
@@ -379,7 +399,7 @@ def scaled_dot_product_attention(
                              None if scale is None else float(scale), _backend_order, generator,
                              **modifiers)
     state = (rng_state if rng_state is not None else drawn) if p > 0.0 else None
-    if not torch.compiler.is_compiling():
+    if not _traced(q):  # a traced call's state is a fake tensor of its trace
         _thread_state.last_rng_state = None if state is None else (state, q.device)
     if rank == 3:
         out = out.squeeze(1)
@@ -474,7 +494,7 @@ def varlen_attention(
         None if scale is None else float(scale), _backend_order, bool(check_offsets), generator,
         **modifiers)
     state = (rng_state if rng_state is not None else drawn) if p > 0.0 else None
-    if not torch.compiler.is_compiling():
+    if not _traced(q):  # a traced call's state is a fake tensor of its trace
         _thread_state.last_rng_state = None if state is None else (state, q.device)
     return _with_extras(out, lse, state, q, return_lse, return_rng_state)
 
