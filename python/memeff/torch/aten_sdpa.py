@@ -203,8 +203,10 @@ def explain_sdpa():
             F.scaled_dot_product_attention(q, k, v)
         print(calls)  # [SdpaCall(op='_scaled_dot_product_flash_attention', ran='memeff', ...)]
 
-    Calls inside a compiled graph are recorded when the graph runs (not while it traces); a
-    CUDA graph's replays run no Python and record nothing. The logger "memeff.torch.sdpa" says
+    Under torch.compile a fused slot's calls are recorded when the graph runs (not while it
+    traces); the math slot's are recorded while the graph traces (by each pass that traces it),
+    since the trace takes memeff's own op into the graph and its runs pass no slot. A CUDA graph's
+    replays run no Python and record nothing. The logger "memeff.torch.sdpa" says
     the same at DEBUG level, in or outside the block."""
     global _records
     saved = _records

@@ -122,9 +122,9 @@ template <class T, class Tr, bool kDropout, bool kBias, bool kPacked, bool kBias
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_backward_kernel(const __grid_constant__ BackwardTmaParams tp) {
   using V = BackwardVariant<T, Tr, kDropout, kBias, kPacked, kBiasTiles, kMods, kCap, kAlibi, kDet>;
-  constexpr bool kRuntimeDropout = V::kRuntimeDropout;
+  [[maybe_unused]] constexpr bool kRuntimeDropout = V::kRuntimeDropout;
   [[maybe_unused]] constexpr bool kWindowCode = V::kWindowCode;
-  constexpr bool kPersist = V::kPersist;
+  [[maybe_unused]] constexpr bool kPersist = V::kPersist;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Compiled for another target (sm_80): wgmma and setmaxnreg exist only in sm_90a, and the
   // launcher runs this kernel on compute capability 9.0 alone.
