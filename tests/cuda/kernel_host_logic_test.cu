@@ -1,8 +1,10 @@
 // Host-side logic of the CUDA kernel families that needs no device, so CI runs it: the mask
 // policy's trip counts against a brute-force walk of the mask, the head-dim buckets, the dbias
-// plan and the reasons every fused family shares (the softcap's range among them).
+// plan, the reasons every fused family shares (the softcap's range among them) and which calls
+// the forwards ask a workspace for.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/reasons.h"
 #include "cuda/kernels/sm80/family.h"
+#include "cuda/kernels/sm90/family.h"
 
 namespace memeff::cuda {
 namespace {
@@ -304,6 +307,35 @@ TEST(CommonReasons, ASoftcapOutsideFp32sNormalRangeIsNamed) {
   EXPECT_NE(reasons[0].find("outside fp32's normal range"), std::string::npos) << reasons[0];
   EXPECT_EQ(joined(sm80::Family::forward_reasons(p, ampere)), reasons[0] + "\n");
   EXPECT_EQ(joined(sm80::Family::backward_reasons(p, ampere)), reasons[0] + "\n");
+}
+
+// The sm90 forward asks for a workspace (its dynamic walk's counter and slots) exactly where its
+// items differ in cost: a causal mask or a window bounded on one side, dense calls only; the
+// sm80 forward never does.
+TEST(ForwardWorkspace, Sm90HoldsTheDynamicWalkWhereItemCostsDiffer) {
+  ForwardParams p;
+  p.B = 2;
+  p.Hq = p.Hkv = 8;
+  p.Lq = p.Lk = 1024;
+  p.D = p.Dv = 64;
+  EXPECT_EQ(sm90::Family::forward_workspace_bytes(p), 0u) << "every item costs the same";
+  p.causal = Causal::top_left;
+  const std::size_t walk = sm90::Family::forward_workspace_bytes(p);
+  EXPECT_GE(walk, 16u) << "the counter";
+  EXPECT_EQ(walk % 16, 0u) << "what follows a workspace piece stays 16-byte aligned";
+  p.causal = Causal::bottom_right;
+  EXPECT_EQ(sm90::Family::forward_workspace_bytes(p), walk);
+  EXPECT_EQ(sm80::Family::forward_workspace_bytes(p), 0u);
+  p.mods.flags = ScoreMods::kWindow;
+  p.mods.left_reach = 256;  // bounded on both sides: every item sees as many keys
+  EXPECT_EQ(sm90::Family::forward_workspace_bytes(p), 0u);
+  p.causal = Causal::none;
+  p.mods.right_reach = 0;  // a window bounded on both sides without the causal mask
+  EXPECT_EQ(sm90::Family::forward_workspace_bytes(p), 0u);
+  p.mods.left_reach = ScoreMods::kUnbounded;  // only on the right
+  EXPECT_EQ(sm90::Family::forward_workspace_bytes(p), walk);
+  p.total_q = p.total_k = 2048;  // packed: one CTA per item, no walk
+  EXPECT_EQ(sm90::Family::forward_workspace_bytes(p), 0u);
 }
 
 }  // namespace
