@@ -74,8 +74,8 @@ class FusedBackend final : public CudaBackendBase {
     const std::vector<std::string> reasons = Family::forward_reasons(p, caps);
     if (!reasons.empty()) throw_cannot_run(Family::kBackend, Pass::forward, reasons);
     // Lk == 0 (packed: a sequence without keys) writes out 0, lse -inf.
-    const std::string who = std::string(Family::kBackend) + " forward";
-    cuda::Workspace workspace(who.c_str(), Family::forward_workspace_bytes(p), options, stream);
+    cuda::Workspace workspace(workspace_owner(Pass::forward), Family::forward_workspace_bytes(p),
+                              options, stream);
     Family::forward(p, workspace.data(), cuda::elem_type(pb.dtype), caps, stream);
     workspace.release();
   }
@@ -95,10 +95,19 @@ class FusedBackend final : public CudaBackendBase {
     std::vector<std::string> reasons = Family::backward_reasons(p, caps);
     add_fused_backward_reasons(pb, reasons);
     if (!reasons.empty()) throw_cannot_run(Family::kBackend, Pass::backward, reasons);
-    const std::string who = std::string(Family::kBackend) + " backward";
-    cuda::Workspace workspace(who.c_str(), Family::backward_workspace_bytes(p), options, stream);
+    cuda::Workspace workspace(workspace_owner(Pass::backward),
+                              Family::backward_workspace_bytes(p), options, stream);
     Family::backward(p, workspace.data(), cuda::elem_type(pb.dtype), caps, stream);
     workspace.release();
+  }
+
+ private:
+  // "<backend> forward" or "... backward", what a workspace's errors name: built once, not on
+  // every call.
+  static const char* workspace_owner(Pass pass) {
+    static const std::string names[2] = {std::string(Family::kBackend) + " forward",
+                                         std::string(Family::kBackend) + " backward"};
+    return names[pass == Pass::backward ? 1 : 0].c_str();
   }
 };
 
