@@ -30,6 +30,14 @@ __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
   prefetch_tensor_map(&tp.k);
   prefetch_tensor_map(&tp.v);
   if constexpr (V::kBiasTiles) prefetch_tensor_map(&tp.bias);
+  // One K or V tile: the kDBlocks 64-column boxes of keys [row, row + kBlockN) of kv head kvh.
+  auto load_kv = [&](std::uint32_t dst, const CUtensorMap* map, std::uint32_t full, int row,
+                     int kvh, int b) {
+#pragma unroll
+    for (int db = 0; db < Tr::kDBlocks; ++db) {
+      tma_load_4d(dst + db * Tr::kKVBlockBytes, map, full, 64 * db, row, kvh, b);
+    }
+  };
   int kv = 0;  // K/V tiles loaded so far: the ring position
   for (int index = scheduler.first_item(), local = 0;; ++local) {
     // The consumers are done with the Q this buffer held (kQStages items ago) and with its item.
@@ -60,11 +68,7 @@ __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
       const std::uint32_t phase = (kv / kStages) & 1;
       mbar_wait(smem.k_empty(s), phase ^ 1);
       mbar_arrive_expect_tx(smem.k_full(s), Tr::kKVBytes);
-#pragma unroll
-      for (int db = 0; db < Tr::kDBlocks; ++db) {
-        tma_load_4d(smem.sK + s * Tr::kKVBytes + db * Tr::kKVBlockBytes, &tp.k, smem.k_full(s),
-                    64 * db, row, kvh, b);
-      }
+      load_kv(smem.sK + s * Tr::kKVBytes, &tp.k, smem.k_full(s), row, kvh, b);
       if constexpr (V::kBiasTiles) {
         // The tile's bias entries: keys [row, row + kBlockN) of the block's query rows, in
         // boxes of 64 keys (dense calls only: row is the key). A broadcast dimension of the
@@ -80,11 +84,7 @@ __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
       }
       mbar_wait(smem.v_empty(s), phase ^ 1);
       mbar_arrive_expect_tx(smem.v_full(s), Tr::kKVBytes);
-#pragma unroll
-      for (int db = 0; db < Tr::kDBlocks; ++db) {
-        tma_load_4d(smem.sV + s * Tr::kKVBytes + db * Tr::kKVBlockBytes, &tp.v, smem.v_full(s),
-                    64 * db, row, kvh, b);
-      }
+      load_kv(smem.sV + s * Tr::kKVBytes, &tp.v, smem.v_full(s), row, kvh, b);
     }
     // The next item once this one's loads are issued: a CTA takes it from the dynamic walk's
     // counter about when its consumers reach this item's last key tiles.
