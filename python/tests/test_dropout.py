@@ -101,6 +101,19 @@ def test_rng_state_replays_a_call(device):
     assert torch.equal(mt.last_rng_state(), state)
 
 
+def test_rng_state_is_kept_under_a_dispatch_mode_that_runs_the_call(device):
+    # A user's own dispatch mode (FlopCounterMode here) runs the call for real, so its state is
+    # the latest one; only the modes tracing runs under (fake tensors, functionalization, proxies)
+    # leave the state alone.
+    from torch.utils.flop_counter import FlopCounterMode
+    call(device, seed=2)
+    with FlopCounterMode(display=False):
+        a, state = call(device, seed=3)
+    assert state is not None and torch.equal(mt.last_rng_state(), state)
+    b, _ = call(device, rng_state=mt.last_rng_state())
+    assert torch.equal(a, b)
+
+
 def test_no_dropout_draws_nothing(device):
     torch.manual_seed(4)
     before = torch.get_rng_state() if device == "cpu" else torch.cuda.get_rng_state()

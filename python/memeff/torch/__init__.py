@@ -31,6 +31,10 @@ from collections import namedtuple
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from .. import _C  # noqa: F401  (loading the library registers torch.ops.memeff)
 
@@ -198,16 +202,23 @@ def _check_mask_shape(attn_mask: torch.Tensor, q: torch.Tensor, rank: int, keys:
 
 
 def _traced(t: torch.Tensor) -> bool:
-    """Whether a call on t is being traced rather than run: by Dynamo, or under a dispatch mode
-    (the fake tensors Dynamo and AOTAutograd trace with, make_fx's proxies). The math slot's
-    kernel runs memeff's Python under them as torch.compile traces F.sdpa, and there
-    torch.compiler.is_compiling() is False. A tensor such a call makes belongs to its trace: kept
-    in module state, it fails the next trace (another fake mode: "Mixing fake modes NYI") and a
-    real one kept from an eager call fails inside a trace ("Please convert all Tensors to
-    FakeTensors first")."""
-    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or isinstance(t, torch._subclasses.FakeTensor))
+    """Whether a call on t is being traced rather than run: by Dynamo, or under one of the dispatch
+    modes tracing runs in (the fake tensors Dynamo and AOTAutograd trace with, functionalization,
+    make_fx's proxies). The math slot's kernel runs memeff's Python under them as torch.compile
+    traces F.sdpa, and there torch.compiler.is_compiling() is False. A tensor such a call makes
+    belongs to its trace: kept in module state, it fails the next trace (another fake mode:
+    "Mixing fake modes NYI") and a real one kept from an eager call fails inside a trace ("Please
+    convert all Tensors to FakeTensors first"). A user's own dispatch mode (FlopCounterMode, a
+    logging mode) runs the call for real: its state is kept."""
+    if torch.compiler.is_compiling() or isinstance(t, _TRACED_TENSORS):
+        return True
+    if torch._C._len_torch_dispatch_stack() == 0:
+        return False
+    return any(isinstance(mode, _TRACING_MODES) for mode in _get_current_dispatch_mode_stack())
 
+
+_TRACED_TENSORS = (FakeTensor, FunctionalTensor)
+_TRACING_MODES = (FakeTensorMode, FunctionalTensorMode, ProxyTorchDispatchMode)
 
 _MASK_VALUES: dict = {}  # eager calls' values per dtype (see _mask_values)
 
