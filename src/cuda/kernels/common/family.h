@@ -15,7 +15,8 @@
 // Reasons take params filled from the problem alone (null pointers pass) or from the views; an
 // empty list means the family runs them. forward and backward take non-empty problems whose
 // params passed the reasons; each pass's workspace holds its *_workspace_bytes, 16-byte aligned
-// (null where that is 0). Packed calls are told apart by their params (packed_layout in common/varlen.cuh).
+// (null where that is 0). Packed calls are told apart by their params (packed_layout in
+// common/varlen.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -2,12 +2,13 @@
 // persistent.
 //
 // The grid holds one CTA per SM; each walks the work items (a query block of kBlockM =
-// 64·kConsumers rows of one batch·head) from blockIdx.x on: blockIdx.x + gridDim.x, ... where every
-// item costs the same, and where costs differ (a causal mask) whichever item a counter in global
-// memory hands out next (fwd_scheduler.cuh). Warpgroup 0 is the producer: after shrinking its registers (setmaxnreg) one thread issues every TMA load: an item's
-// Q once its buffer is free (two buffers at head dim 64, so the next item's Q arrives while the
-// consumers still run the current one; one elsewhere, where it arrives while they finish it:
-// fwd_traits.cuh), then K and V tiles of kBlockN keys into a kStages-deep ring of shared-memory
+// 64·kConsumers rows of one batch·head) from blockIdx.x on: blockIdx.x + gridDim.x, ... where
+// every item costs the same, and where costs differ (a causal mask) whichever item a counter in
+// global memory hands out next (fwd_scheduler.cuh). Warpgroup 0 is the producer: after shrinking
+// its registers (setmaxnreg) one thread issues every TMA load: an item's Q once its buffer is
+// free (two buffers at head dim 64, so the next item's Q arrives while the consumers still run
+// the current one; one elsewhere, where it arrives while they finish it: fwd_traits.cuh), then K
+// and V tiles of kBlockN keys into a kStages-deep ring of shared-memory
 // buffers that runs on across items, each completing on its "full" mbarrier and refilled once the
 // consumers arrive on its "empty" one. Warpgroups 1..kConsumers are consumers, each owning 64
 // query rows: S = Q·Kᵀ on wgmma with both operands in shared memory, the online softmax in

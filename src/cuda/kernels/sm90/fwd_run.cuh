@@ -51,8 +51,9 @@ void launch_forward_kernel(const ForwardTmaParams& params, int multiprocessors,
   // such calls take one CTA per item, which the hardware hands out in the same order. Measured
   // beside one CTA per item (H100, docs/benchmarks.md): 1-15% faster on the causal anchor
   // shapes without dropout, most where items are short (a CTA no longer starts, fills its
-  // pipeline and drains per item). A window bounded on both sides (a causal one with a left bound) gives every item
-  // the same keys again but at the sequence's ends, so it takes the static walk.
+  // pipeline and drains per item). A window bounded on both sides (a causal one with a left
+  // bound) gives every item the same keys again but at the sequence's ends, so it takes the
+  // static walk.
   const long long m_blocks = (p.Lq + Tr::kBlockM - 1) / Tr::kBlockM;
   const long long items = m_blocks * p.B * p.Hq;
   const long long sms = multiprocessors > 0 ? multiprocessors : 1;
