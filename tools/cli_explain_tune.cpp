@@ -194,7 +194,9 @@ Shows the dispatcher's decision for a shape without running it: the priority ord
 where it came from, every backend with the reasons it cannot run the call, the choice and
 why (priority, heuristic, user restriction or autotune result). Shape flags as `memeff run`.
 )");
-  add_device(*app, ec->device, "default auto. cuda is explained even with no GPU present");
+  add_device(*app, ec->device,
+             "default auto. cuda is explained even with no GPU present: each CUDA backend then "
+             "says why it cannot run");
   app->add_option(
          "--backend", ec->backends,
          "comma-separated allow-list in priority order (Options::backends), e.g. cuda,cuda_math")
