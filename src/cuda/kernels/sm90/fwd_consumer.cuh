@@ -310,12 +310,22 @@ __device__ __forceinline__ void consume_forward_items(
   turn.open();
 
   int kv = 0;  // K/V tiles consumed so far: the ring position
+  // The dynamic walk: the last item taken and the next slot's value as read ahead.
+  const bool walk = scheduler.dynamic();
+  int taken = -1, ahead = walk ? scheduler.peek(0) : 0;
   for (int local = 0, counted = scheduler.first_item();; ++local) {
     // The item whose Q buffer qs holds, or the end of the walk.
     const int qs = local % kQStages;
-    mbar_wait(smem.q_full(qs), (local / kQStages) & 1);
-    const int index = scheduler.item_of_buffer(qs, counted);
-    if (index == ForwardScheduler<V>::kEndOfWalk) break;
+    int index = counted;
+    if (walk) {
+      index = scheduler.item_after(qs, ahead, taken);
+      if (index == ForwardScheduler<V>::kEndOfWalk) break;
+      taken = index;
+      mbar_wait(smem.q_full(qs), (local / kQStages) & 1);
+    } else {
+      mbar_wait(smem.q_full(qs), (local / kQStages) & 1);
+      if (index == ForwardScheduler<V>::kEndOfWalk) break;
+    }
     counted = scheduler.counted_next(index);
     const WorkItem w = item_at(index);
     const int n_tiles = w.n_tiles;
@@ -400,7 +410,12 @@ __device__ __forceinline__ void consume_forward_items(
       }
     }
     kv += n_tiles;
-    if (lane == 0) mbar_arrive(smem.q_empty(qs));  // this warp's products are done with Q
+    // This warp's products are done with Q, and all its lanes with the item's slot, which the
+    // producer rewrites once every warp has arrived (so no lane can read the next item early).
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem.q_empty(qs));
+    // The next item's slot, read now so the load is in flight during the epilogue.
+    if (walk) ahead = scheduler.peek((local + 1) % kQStages);
 
     // ---------------- epilogue ----------------
     // O / l (times keep_scale), lse = m + ln l in natural units; rows that saw no key give 0, -inf.

@@ -124,7 +124,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   const ForwardScheduler<V> scheduler(tp, packed_call, packed);
 
-  if (tid == 0) smem.init_barriers();
+  if (tid == 0) {
+    smem.init_barriers();
+    scheduler.clear_slots();  // before the barrier below: no stale item from an earlier launch
+  }
   __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
 
   if (warpgroup == 0) {

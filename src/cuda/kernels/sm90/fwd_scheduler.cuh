@@ -5,6 +5,7 @@
 // tile scheduler gives it (common/varlen.cuh).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda/kernels/common/block_order.h"
@@ -13,6 +14,7 @@
 #include "cuda/kernels/common/varlen.cuh"
 #include "cuda/kernels/sm90/fwd_traits.cuh"
 #include "cuda/kernels/sm90/fwd_variant.cuh"
+#include "cuda/kernels/sm90/ptx.cuh"
 
 namespace memeff::cuda::sm90 {
 
@@ -103,9 +105,9 @@ __device__ __forceinline__ PackedItem packed_item_of_cta(const ForwardParams& p,
 // issued the current one's loads, so the CTA that runs ahead takes more. A packed CTA has its one
 // item, index 0, taken before the roles split (packed_item_of_cta). The producer walks the items
 // (first_item, then next_item until it gives kEndOfWalk) and arrives on a Q buffer's q_full once
-// more after the last one; the consumers wait on each Q buffer in turn and take its item from
-// item_of_buffer: counted (static), or from the slot the producer wrote before the arrival
-// (dynamic; in global memory, which the mbarrier orders as it does shared memory).
+// more after the last one; the consumers take each Q buffer's item from their own count
+// (static; then wait for its Q) or from the buffer's slot in global memory (dynamic; they wait
+// for its Q after reading it: item_after).
 template <class V>
 struct ForwardScheduler {
   using Tr = typename V::Tr;
@@ -144,15 +146,29 @@ struct ForwardScheduler {
     const std::int64_t next = std::int64_t{atomicAdd(counter, 1)} + gridDim.x;
     return next < items ? static_cast<int>(next) : kEndOfWalk;
   }
-  // The producer tells the consumers the item (or kEndOfWalk) of Q buffer qs, before its q_full
-  // arrival.
-  __device__ __forceinline__ void tell(int qs, int index) const {
-    if (slots != nullptr) slots[qs] = index;
+  // The dynamic walk's slots hold an item, kSlotEnd (the end of the walk) or kSlotEmpty (as the
+  // producer clears them before the CTA-wide barrier that starts the roles). A CTA's items
+  // increase, so a slot's next value is greater than the last item the consumers took: they
+  // poll the slot (relaxed loads; it carries nothing else) until it is, which needs no barrier
+  // and lets them read it ahead, while their last item's epilogue runs.
+  static constexpr int kSlotEmpty = INT_MIN, kSlotEnd = INT_MAX;
+  __device__ __forceinline__ bool dynamic() const { return slots != nullptr; }
+  __device__ __forceinline__ void clear_slots() const {
+    if (slots != nullptr) {
+      for (int s = 0; s < kMaxQStages; ++s) slots[s] = kSlotEmpty;
+    }
   }
-  // The consumers' item of Q buffer qs once its q_full phase completed: `counted` is their own
-  // count of the static walk.
-  __device__ __forceinline__ int item_of_buffer(int qs, int counted) const {
-    return slots != nullptr ? *static_cast<volatile const int*>(slots + qs) : counted;
+  // The producer tells the consumers the item (or kEndOfWalk) of Q buffer qs, before its loads.
+  __device__ __forceinline__ void tell(int qs, int index) const {
+    if (slots != nullptr) st_relaxed(slots + qs, index == kEndOfWalk ? kSlotEnd : index);
+  }
+  // A consumer's look at slot qs (dynamic walk).
+  __device__ __forceinline__ int peek(int qs) const { return ld_relaxed(slots + qs); }
+  // The item of slot qs after `taken` (the consumers' last item, -1 before the first), polling
+  // from `seen`, a value read earlier (dynamic walk): an item or kEndOfWalk.
+  __device__ __forceinline__ int item_after(int qs, int seen, int taken) const {
+    while (seen <= taken) seen = ld_relaxed(slots + qs);
+    return seen == kSlotEnd ? kEndOfWalk : seen;
   }
 
   __device__ __forceinline__ WorkItem item_at(int index) const {

@@ -117,6 +117,16 @@ __device__ __forceinline__ int ld_acquire(const int* ptr) {
 __device__ __forceinline__ void st_release(int* ptr, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
+// Relaxed accesses at gpu scope: values polled for themselves, ordering nothing else (the
+// forward walk's item slots).
+__device__ __forceinline__ int ld_relaxed(const int* ptr) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed(int* ptr, int v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
 // Raises *ptr to at least v with release semantics: a counter that never goes back, for turn
 // counters that several writers may share (packed calls with unchecked, overlapping offsets).
 __device__ __forceinline__ void red_release_max(int* ptr, int v) {
