@@ -304,6 +304,24 @@ TEST_P(CudaForward, MoreWorkItemsThanMultiprocessors) {
   check_case(window, ++seed);
 }
 
+TEST_P(CudaForward, HeadDim64WideTileMatchesTheReference) {
+  // Head dim 64 without dropout or bias takes the sm90 forward's three-consumer tile (192-row
+  // items) where those items fill the rows (sm90::forward_takes_wide_tile): exact items over
+  // more items than SMs, a last item partly past Lq with Lk != Lq, GQA, fp16, and long causal
+  // calls of both alignments, bottom-right with rows that see no key.
+  KernelCase exact = make({.B = 4, .Hq = 16, .Hkv = 16, .Lq = 576, .Lk = 576});
+  check_case(exact, 77);
+  KernelCase tail = make({.B = 2, .Hq = 6, .Hkv = 2, .Lq = 1000, .Lk = 777, .D = 48});
+  check_case(tail, 78);
+  tail.dtype = DType::f16;
+  check_case(tail, 79);
+  KernelCase causal = make({.B = 1, .Hq = 4, .Hkv = 1, .Lq = 2048, .Lk = 2048, .causal = kTopLeft});
+  check_case(causal, 80);
+  KernelCase bottom_right =
+      make({.B = 1, .Hq = 3, .Hkv = 3, .Lq = 2300, .Lk = 2100, .causal = kBottomRight});
+  check_case(bottom_right, 81);
+}
+
 TEST_P(CudaForward, CausalWorkspaceIsTheCallersOrItsOwn) {
   // The sm90 forward of a causal call asks for a workspace (its walk's counter); one without a
   // causal mask does not. A caller's workspace of that size serves it, a smaller one is named.

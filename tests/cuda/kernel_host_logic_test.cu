@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/kernels/common/block_order.h"
@@ -15,6 +16,7 @@
 #include "cuda/kernels/common/reasons.h"
 #include "cuda/kernels/sm80/family.h"
 #include "cuda/kernels/sm90/family.h"
+#include "cuda/kernels/sm90/fwd_traits.cuh"
 
 namespace memeff::cuda {
 namespace {
@@ -307,6 +309,46 @@ TEST(CommonReasons, ASoftcapOutsideFp32sNormalRangeIsNamed) {
   EXPECT_NE(reasons[0].find("outside fp32's normal range"), std::string::npos) << reasons[0];
   EXPECT_EQ(joined(sm80::Family::forward_reasons(p, ampere)), reasons[0] + "\n");
   EXPECT_EQ(joined(sm80::Family::backward_reasons(p, ampere)), reasons[0] + "\n");
+}
+
+// Head dim 64's plain forward without dropout takes three consumer warpgroups (192-row items)
+// where those items cover Lq with at most 1/8 more rows than 128-row ones, and under a causal
+// mask only from 2048 queries on; its Q box follows.
+TEST(ForwardTile, HeadDim64TakesThreeConsumersWhereTheirItemsFillTheRows) {
+  ForwardParams p;
+  p.B = 32;
+  p.Hq = p.Hkv = 16;
+  p.Lq = p.Lk = 384;
+  p.D = p.Dv = 64;
+  EXPECT_TRUE(sm90::forward_takes_wide_tile(p, 64)) << "two items of 192 rows exactly";
+  EXPECT_EQ(sm90::forward_tile(64, true).block_m, 192);
+  EXPECT_EQ(sm90::forward_tile(64).block_m, 128);
+  EXPECT_EQ(sm90::forward_tile(128, true).block_m, 128) << "no wide tile at head dim 128";
+  EXPECT_FALSE(sm90::forward_takes_wide_tile(p, 128));
+  for (auto [Lq, wide] : {std::pair<std::int64_t, bool>{197, false}, {129, true}, {512, true},
+                          {640, false}, {1000, true}, {1013, true}, {65, false}}) {
+    p.Lq = Lq;
+    EXPECT_EQ(sm90::forward_takes_wide_tile(p, 64), wide) << "Lq = " << Lq;
+  }
+  p.Lq = 384;
+  p.has_dropout = true;
+  EXPECT_FALSE(sm90::forward_takes_wide_tile(p, 64)) << "dropout keeps two consumers";
+  p.has_dropout = false;
+  const float bias = 0.0f;
+  p.bias = &bias;
+  EXPECT_FALSE(sm90::forward_takes_wide_tile(p, 64)) << "so does a bias";
+  p.bias = nullptr;
+  p.mods.flags = ScoreMods::kWindow;
+  EXPECT_FALSE(sm90::forward_takes_wide_tile(p, 64)) << "and the modifiers' kernels";
+  p.mods.flags = 0;
+  p.causal = Causal::top_left;
+  p.Lq = p.Lk = 1024;
+  EXPECT_FALSE(sm90::forward_takes_wide_tile(p, 64)) << "causal below 2048 queries";
+  p.Lq = p.Lk = 4096;
+  EXPECT_TRUE(sm90::forward_takes_wide_tile(p, 64));
+  const int cu_seqlens[2] = {0, 4096};
+  p.cu_seqlens_q = cu_seqlens;
+  EXPECT_FALSE(sm90::forward_takes_wide_tile(p, 64)) << "packed calls keep two consumers";
 }
 
 // The sm90 forward asks for a workspace (its dynamic walk's counter and slots) exactly where its

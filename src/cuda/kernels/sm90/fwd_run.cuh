@@ -96,7 +96,14 @@ void with_bias_read(BiasRead read, F&& f) {
 template <class T, int kHeadDim>
 void run_forward(const ForwardTmaParams& params, int multiprocessors, cudaStream_t stream) {
   using Tr = typename FwdConfig<kHeadDim>::Traits;
+  using WideTr = typename FwdConfig<kHeadDim>::WideTraits;
   const ForwardParams& p = params.p;
+  if constexpr (!std::is_void_v<WideTr>) {
+    if (forward_takes_wide_tile(p, kHeadDim)) {  // the plain kernel without dropout or bias
+      launch_forward_kernel<T, WideTr, false, BiasRead::none>(params, multiprocessors, stream);
+      return;
+    }
+  }
   const bool bias = p.bias != nullptr;
   // A bias broadcast over queries (a key-padding mask) is staged in shared memory per key tile;
   // one the launcher described for TMA (16-bit, aligned strides) comes in tiles beside K and V.

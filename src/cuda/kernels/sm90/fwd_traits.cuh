@@ -4,6 +4,8 @@
 
 #include <cuda.h>
 
+#include <cstdint>
+
 #include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/reasons.h"
 
@@ -116,6 +118,7 @@ struct FwdTraits {
 // Tile shapes per head-dim bucket: kBlockM = 64 per consumer warpgroup, kBlockN keys per tile,
 // stages of the K/V ring (docs/benchmarks.md has the measurements behind them).
 //   64:  2 consumers (128 rows), 128 keys, 2 stages:  2 x 16 KB Q + 64 KB K/V
+//        or, where forward_takes_wide_tile (no dropout), 3 consumers (192 rows): 2 x 24 KB Q
 //   96:  2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V (padded to 128)
 //   128: 2 consumers (128 rows), 128 keys, 2 stages:  32 KB Q + 128 KB K/V
 //   256: 2 consumers (128 rows),  64 keys, 2 stages:  64 KB Q + 128 KB K/V
@@ -130,19 +133,42 @@ struct FwdConfig;
 template <>
 struct FwdConfig<64> {
   using Traits = FwdTraits<64, 128, 2, 2, 2>;
+  // Three consumers (192-row items; FlashAttention-3's head-dim-64 tile) for the plain kernel
+  // without dropout, where forward_takes_wide_tile says.
+  using WideTraits = FwdTraits<64, 128, 3, 2, 2>;
 };
 template <>
 struct FwdConfig<96> {
   using Traits = FwdTraits<96, 128, 2, 2>;
+  using WideTraits = void;
 };
 template <>
 struct FwdConfig<128> {
   using Traits = FwdTraits<128, 128, 2, 2>;
+  using WideTraits = void;
 };
 template <>
 struct FwdConfig<256> {
   using Traits = FwdTraits<256, 64, 2, 2>;
+  using WideTraits = void;
 };
+
+// Whether a call of head-dim bucket `bucket` takes its bucket's WideTraits: head dim 64 without
+// dropout, a bias, score modifiers or packing, where 192-row items cover Lq with at most 1/8
+// more rows than 128-row ones and, under a causal mask, Lq >= 2048. Measured beside two
+// consumers (H100, docs/benchmarks.md, twenty-second and twenty-third sessions), without dropout
+// where this rule takes it: 0.86-0.90 of the time on 32,16,384,64, 8,16,2048,64 and the causal
+// 4,32,4096,64 and 2,16,8192,64, 0.94-0.96 on 16,16,1024,64 and bert-base 32,12,512,64; where it
+// does not: 5.6% slower on the Llama step's 8,16/4kv,1024,64 causal, and with dropout up to
+// 18.8% slower.
+inline bool forward_takes_wide_tile(const ForwardParams& p, int bucket) {
+  if (bucket != 64 || p.has_dropout || p.bias != nullptr || p.mods.flags != 0 ||
+      p.cu_seqlens_q != nullptr) {
+    return false;
+  }
+  const std::int64_t wide_rows = (p.Lq + 191) / 192 * 192, rows = (p.Lq + 127) / 128 * 128;
+  return 8 * wide_rows <= 9 * rows && (p.causal == Causal::none || p.Lq >= 2048);
+}
 
 // Head-dim buckets with a compiled kernel; D and Dv up to the bucket are zero-padded by TMA.
 using ForwardHeadDims = HeadDims<64, 96, 128, 256>;
@@ -151,16 +177,17 @@ using ForwardHeadDims = HeadDims<64, 96, 128, 256>;
 struct ForwardTile {
   int block_m = 0, block_n = 0;
 };
-template <int kHeadDim>
+template <class Tr>
 constexpr ForwardTile tile_of() {
-  using Tr = typename FwdConfig<kHeadDim>::Traits;
   return {Tr::kBlockM, Tr::kBlockN};
 }
-constexpr ForwardTile forward_tile(int bucket) {
-  return bucket == 64    ? tile_of<64>()
-         : bucket == 96  ? tile_of<96>()
-         : bucket == 128 ? tile_of<128>()
-         : bucket == 256 ? tile_of<256>()
+// `wide`: forward_takes_wide_tile's answer for the call.
+constexpr ForwardTile forward_tile(int bucket, bool wide = false) {
+  return bucket == 64    ? (wide ? tile_of<FwdConfig<64>::WideTraits>()
+                                 : tile_of<FwdConfig<64>::Traits>())
+         : bucket == 96  ? tile_of<FwdConfig<96>::Traits>()
+         : bucket == 128 ? tile_of<FwdConfig<128>::Traits>()
+         : bucket == 256 ? tile_of<FwdConfig<256>::Traits>()
                          : ForwardTile{};
 }
 

@@ -108,7 +108,8 @@ void Family::forward(const ForwardParams& params, void* workspace, ElemType type
                      const DeviceCaps& dev, cudaStream_t stream) {
   if (params.Lq == 0 || params.B == 0 || params.Hq == 0) return;
   const int bucket = forward_bucket(params);
-  const ForwardTile tile = forward_tile(bucket);
+  // The Q box is the kernel's item: run_forward picks the wide tile by the same rule.
+  const ForwardTile tile = forward_tile(bucket, forward_takes_wide_tile(params, bucket));
   if (tile.block_m == 0) no_kernel("forward", params);
   const bool bf16 = type == ElemType::bf16;
   ForwardTmaParams tp{};
