@@ -41,7 +41,8 @@ __device__ __forceinline__ void load_forward_tiles(const ForwardTmaParams& tp,
   int kv = 0;  // K/V tiles loaded so far: the ring position
   for (int index = scheduler.first_item(), local = 0;; ++local) {
     // The consumers are done with the Q this buffer held (kQStages items ago) and with its item.
-    // They learn the new one (or the end of the walk) by the buffer's q_full arrival.
+    // They learn the new one (or the end of the walk) from their own count (static walk) or the
+    // buffer's slot (dynamic), and its Q (or the end) by the buffer's q_full arrival.
     const int qs = local % kQStages;
     mbar_wait(smem.q_empty(qs), ((local / kQStages) & 1) ^ 1);
     scheduler.tell(qs, index);
