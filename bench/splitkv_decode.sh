@@ -4,6 +4,7 @@
 # (cuda_splitkv first, the fused backends after it) and off (cuda_sm90, cuda), then
 # bench/splitkv_torch.py where python3 imports torch, and one table of the medians.
 # Usage: bench/splitkv_decode.sh OUT_DIR [BUILD_DIR]   (BUILD_DIR default: build-dev, else build)
+# SPLITKV_TORCH=0 leaves out torch's rows (for a second build timed beside the same torch run).
 set -uo pipefail
 out="${1:?usage: bench/splitkv_decode.sh OUT_DIR [BUILD_DIR]}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -36,7 +37,9 @@ for p_shapes in "0:${shapes_p0[*]}" "0.1:${shapes_p1[*]}"; do
   run default "" "$p" "${shapes[@]}"  # the dispatcher's choice
 done
 
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
+if [ "${SPLITKV_TORCH:-1}" = 0 ]; then
+  echo "SPLITKV_TORCH=0: no torch rows" >&2
+elif python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
   echo "== torch SDPA ($(date +%T))" >&2
   timeout 600 python3 "$here/splitkv_torch.py" --json "$out/torch.json" \
     --shapes "${shapes_p0[@]/%/:0}" "${shapes_p1[@]/%/:0.1}" | tee "$out/torch.txt"
