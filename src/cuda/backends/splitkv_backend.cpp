@@ -45,7 +45,11 @@ class SplitKvBackend final : public CudaBackendBase {
 
   std::size_t workspace_bytes(const Problem& pb, Pass pass) const override {
     if (pass != Pass::forward || pb.B == 0 || pb.Hq == 0 || pb.Lq == 0) return 0;
-    return SplitKv::plan(cuda::forward_params(pb), device_caps(pb.device.index)).workspace_bytes;
+    cuda::DeviceScope device(pb.device.index);
+    const cuda::ForwardParams p = cuda::forward_params(pb);
+    return SplitKv::plan(p, device_caps(pb.device.index),
+                         SplitKv::ctas_per_sm(p, cuda::elem_type(pb.dtype)))
+        .workspace_bytes;
   }
 
   void forward(const Problem& pb, const AttentionArgs& args, const TensorView& out,
@@ -58,8 +62,10 @@ class SplitKvBackend final : public CudaBackendBase {
     const std::vector<std::string> reasons = SplitKv::forward_reasons(p, caps);
     if (!reasons.empty()) throw_cannot_run(SplitKv::kBackend, Pass::forward, reasons);
     // Lk == 0, or no key any query sees: one empty split per row block writes 0 and -inf.
-    cuda::Workspace workspace("cuda_splitkv forward", SplitKv::plan(p, caps).workspace_bytes,
-                              options, stream);
+    cuda::Workspace workspace(
+        "cuda_splitkv forward",
+        SplitKv::plan(p, caps, SplitKv::ctas_per_sm(p, cuda::elem_type(pb.dtype))).workspace_bytes,
+        options, stream);
     SplitKv::forward(p, workspace.data(), cuda::elem_type(pb.dtype), caps, stream);
     workspace.release();
   }

@@ -49,22 +49,47 @@ MEMEFF_HD detail::KeySpan splitkv_key_span(const ForwardParams& p, std::int64_t 
                                           p.mods.left_reach, p.mods.right_reach);
 }
 
+// At most this many splits: the combine reads every split's lse per row, one per thread of its
+// CTA (splitkv_combine_kernel).
+inline constexpr int kSplitKvMaxSplits = 128;
+// Threads of a combine CTA (one row): one per split's lse.
+inline constexpr int kSplitKvCombineThreads = 128;
+
+// The plan's split count for `base` CTAs per split (row blocks x batches x kv heads) over
+// `key_blocks` 64-key blocks, on a GPU holding `wave` CTAs at once (SMs x CTAs per SM). Of the
+// counts that cut the blocks into equal non-empty runs (at most kSplitKvMaxSplits), the smallest
+// whose grid fills its last wave at least 85% as well as the best count's does: the fewest splits
+// (the least partial output to combine, the longest runs per CTA) that leave no wave's tail
+// mostly idle. 1 when there is no block.
+std::int64_t splitkv_split_count(std::int64_t base, std::int64_t key_blocks, std::int64_t wave);
+
 struct SplitKv {
   static constexpr const char* kBackend = "cuda_splitkv";
   // Head dims D, Dv: multiples of 8 up to this (64 and 128 buckets).
   static constexpr int kLargestHeadDim = 128;
   static std::vector<std::string> forward_reasons(const ForwardParams& p, const DeviceCaps& dev);
-  // The cut of a call on a device with dev.multiprocessors SMs (pointers unset).
-  static SplitKvPlan plan(const ForwardParams& p, const DeviceCaps& dev);
+  // The cut of a call on a device with dev.multiprocessors SMs, each holding `ctas_per_sm` CTAs
+  // of the call's kernel at once (pointers unset). The split count is the smallest whose grid
+  // fills its last wave of CTAs nearly as well as any split count can (see the definition).
+  static SplitKvPlan plan(const ForwardParams& p, const DeviceCaps& dev, int ctas_per_sm);
+  // How many CTAs of the kernel that runs `p` an SM of the current device holds at once (the
+  // occupancy calculator's answer, asked once per kernel); at least 1.
+  static int ctas_per_sm(const ForwardParams& p, ElemType type);
   // Runs a non-empty call (B·Hq·Lq > 0) whose params passed the reasons; `workspace` holds
-  // plan(p, dev).workspace_bytes, 16-byte aligned.
+  // plan(p, dev, ctas_per_sm(p, type)).workspace_bytes, 16-byte aligned. With compute capability
+  // 9.0 or newer the combine is launched as a programmatic dependent of the splits' kernel.
   static void forward(const ForwardParams& p, void* workspace, ElemType type, const DeviceCaps& dev,
                       cudaStream_t stream);
 };
 
 // One instantiation's launches (splitkv_run.cuh; inst/splitkv_*.cu), plan's pointers set: a call
-// with a window, ALiBi or a softcap (p.mods.flags != 0) runs the modifiers' kernels.
+// with a window, ALiBi or a softcap (p.mods.flags != 0) runs the modifiers' kernels. `chained`:
+// launch the combine as a programmatic dependent (compute capability 9.0 and newer).
 template <class T, int kHeadDim>
-void run_splitkv_forward(const ForwardParams& p, const SplitKvPlan& plan, cudaStream_t stream);
+void run_splitkv_forward(const ForwardParams& p, const SplitKvPlan& plan, bool chained,
+                         cudaStream_t stream);
+// The resident CTAs per SM of the kernel run_splitkv_forward launches for `p`.
+template <class T, int kHeadDim>
+int splitkv_ctas_per_sm(const ForwardParams& p);
 
 }  // namespace memeff::cuda::sm80

@@ -62,6 +62,21 @@ struct SplitKvTraits {
   static_assert(kBlockN == 16 * kWarps && kBlockM == 16 && kDTiles % 2 == 0);
 };
 
+// Programmatic dependent launch (compute capability 9.0; no-ops where compiled for an older
+// target, whose launches are never chained): a grid launched chained after another waits for that
+// grid's completion and memory with grid_dependency_wait; launch_dependents lets the dependent
+// grid's CTAs be scheduled once every CTA of this grid has called it or exited.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // One row (half hh) of this lane: where its query comes from and what it sees.
 struct SplitKvRow {
   bool valid;            // r < group·Lq
@@ -307,6 +322,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
   }
 
+  // The combine (launched chained) may take its SMs' free slots from here on; it reads nothing
+  // before this grid has finished.
+  launch_dependents();
+
   // Merge the four warps: M = max of their maxima, each warp's share scaled by exp2(m·f - M·f)
   // (0 for a warp that saw nothing of the row; a NaN sum or output stays NaN).
   cp_async_wait<0>();
@@ -373,57 +392,98 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
   }
 }
 
-// Merges the splits of each row (one warp per row of [B, Hq, Lq]): lse = log Σ exp(lse_s), out =
-// Σ exp(lse_s - lse)·o_s. A split without a visible key (lse_s = -inf) weighs exactly 0 and its
-// output is never read; a NaN lse_s makes the row NaN; a row no split sees gives 0 and -inf.
+// Merges the splits of one row of [B, Hq, Lq] per CTA: lse = log Σ exp(lse_s), out = Σ exp(lse_s
+// - lse)·o_s. Thread s reads split s's lse (kSplitKvCombineThreads >= kSplitKvMaxSplits), so the
+// row's maximum and sum take one load per thread and two reductions; the weights go to shared
+// memory and warp w adds the partial outputs of splits w, w + 4, ... (independent loads), the
+// four sums meeting in shared memory. A split without a visible key (lse_s = -inf) weighs exactly
+// 0 and its output is never read; a NaN lse_s makes the row NaN; a row no split sees gives 0 and
+// -inf. Launched chained after the splits' kernel (splitkv_run.cuh): it waits for that grid first.
 template <class T>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kSplitKvCombineThreads)
     splitkv_combine_kernel(const ForwardParams p, const SplitKvPlan plan) {
-  const int lane = threadIdx.x & 31;
+  constexpr int kWarps = kSplitKvCombineThreads / 32;
+  static_assert(kSplitKvCombineThreads >= kSplitKvMaxSplits && kSplitKvCombineThreads % 32 == 0);
+  // What a split contributes to the row: its weight exp(lse_s - lse), or -1 where it has none.
+  __shared__ float s_weight[kSplitKvMaxSplits];
+  __shared__ float s_reduce[kWarps];
+  __shared__ float4 s_out[kWarps][SplitKv::kLargestHeadDim / 4];
+  grid_dependency_wait();  // the splits' partial outputs and lse
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const std::int64_t rows_total = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
-  const std::int64_t row_id = static_cast<std::int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  if (row_id >= rows_total) return;
+  const std::int64_t row_id = blockIdx.x;
   const std::int64_t bh = row_id / p.Lq, i = row_id % p.Lq;
   const int b = static_cast<int>(bh / p.Hq), h = static_cast<int>(bh % p.Hq);
 
-  float m = -INFINITY;
-  bool nan = false;
-  for (int s = 0; s < plan.splits; ++s) {
-    const float x = plan.lse_partial[s * rows_total + row_id];
-    nan |= x != x;
-    m = fmaxf(m, x);
+  const float x = tid < plan.splits ? plan.lse_partial[tid * rows_total + row_id] : -INFINITY;
+  // The row's maximum (NaN if any split's lse is NaN: fmaxf would drop it, so it is counted).
+  float m = x;
+  int nan = x != x;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));
+    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, d);
   }
-  float total = 0.0f;
-  if (!nan && m != -INFINITY) {
-    for (int s = 0; s < plan.splits; ++s) {
-      total += expf(plan.lse_partial[s * rows_total + row_id] - m);  // exp(-inf) = 0
+  if (lane == 0) s_reduce[warp] = nan ? NAN : m;
+  __syncthreads();
+  m = -INFINITY;
+  bool row_nan = false;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    row_nan |= s_reduce[w] != s_reduce[w];
+    m = fmaxf(m, s_reduce[w]);
+  }
+  const bool seen = !row_nan && m != -INFINITY;
+  float e = seen ? expf(x - m) : 0.0f;  // exp(-inf) = 0
+  float total = e;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) total += __shfl_xor_sync(0xFFFFFFFFu, total, d);
+  __syncthreads();  // every thread has read s_reduce's maxima
+  if (lane == 0) s_reduce[warp] = total;
+  __syncthreads();
+  total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += s_reduce[w];
+  if (tid < kSplitKvMaxSplits) s_weight[tid] = x == -INFINITY ? -1.0f : e * (1.0f / total);
+  __syncthreads();
+
+  // Warp w's share of the columns' sums: lane l holds columns 4l .. 4l + 3 (Dv <= 128).
+  const int col = 4 * lane;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (seen && total > 0.0f && col < p.Dv) {
+#pragma unroll 4
+    for (int s = warp; s < plan.splits; s += kWarps) {
+      const float w = s_weight[s];
+      if (w < 0.0f) continue;
+      const float4 y =
+          *reinterpret_cast<const float4*>(plan.o_partial + (s * rows_total + row_id) * p.Dv + col);
+      acc.x = fmaf(w, y.x, acc.x);
+      acc.y = fmaf(w, y.y, acc.y);
+      acc.z = fmaf(w, y.z, acc.z);
+      acc.w = fmaf(w, y.w, acc.w);
     }
   }
-  T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + i * p.out_stride.l;
-  // nan: every column NaN; no visible key: 0 (no split is read).
-  const float fill = nan ? NAN : 0.0f;
-  const float inv = 1.0f / total;
-  for (int col = 4 * lane; col < p.Dv; col += 128) {
-    float acc[4] = {fill, fill, fill, fill};
-    if (!nan && total > 0.0f) {
-      for (int s = 0; s < plan.splits; ++s) {
-        const float x = plan.lse_partial[s * rows_total + row_id];
-        if (x == -INFINITY) continue;
-        const float w = expf(x - m) * inv;
-        const float4 y = *reinterpret_cast<const float4*>(plan.o_partial +
-                                                          (s * rows_total + row_id) * p.Dv + col);
-        acc[0] = fmaf(w, y.x, acc[0]);
-        acc[1] = fmaf(w, y.y, acc[1]);
-        acc[2] = fmaf(w, y.z, acc[2]);
-        acc[3] = fmaf(w, y.w, acc[3]);
+  s_out[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && col < p.Dv) {
+    // row_nan: every column NaN; no visible key: 0 (no split was read).
+    const float fill = row_nan ? NAN : 0.0f;
+    float4 sum = make_float4(fill, fill, fill, fill);
+    if (seen && total > 0.0f) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float4 y = s_out[w][lane];
+        sum.x += y.x, sum.y += y.y, sum.z += y.z, sum.w += y.w;
       }
     }
+    T* out = static_cast<T*>(p.out) + b * p.out_stride.b + h * p.out_stride.h + i * p.out_stride.l;
     *reinterpret_cast<uint2*>(out + col) =
-        make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
+        make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
   }
-  if (lane == 0) {
+  if (tid == 0) {
     float* lse = p.lse + b * p.lse_stride_b + h * p.lse_stride_h + i;
-    *lse = nan ? NAN : total > 0.0f ? m + logf(total) : -INFINITY;
+    *lse = row_nan ? NAN : total > 0.0f ? m + logf(total) : -INFINITY;
   }
 }
 

@@ -16,20 +16,37 @@ namespace {
 
 using SplitKvHeadDims = HeadDims<64, 128>;
 
-// CTAs a call aims for per SM: with 68 KB of shared memory (hd128) three fit on an H100 SM, so
-// 4 per SM is over two waves of two; the tail of the last wave is short because every split
-// carries the same number of key blocks. To be tuned from bench/splitkv_decode.sh.
-constexpr std::int64_t kTargetCtasPerSm = 4;
-// At most this many splits (the combine reads every split's lse per row; 128 splits of one kv
-// head over 8192 keys would already be a single key block each).
-constexpr std::int64_t kMaxSplits = 128;
+// A split count qualifies when its grid fills its last wave at least this fraction as well as the
+// best split count does (the fill of a grid: its CTAs over the slots of the waves it takes).
+constexpr double kWaveFillShare = 0.85;
 constexpr std::int64_t kKeyBlock = 64;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-SplitKvPlan SplitKv::plan(const ForwardParams& p, const DeviceCaps& dev) {
+std::int64_t splitkv_split_count(std::int64_t base, std::int64_t key_blocks, std::int64_t wave) {
+  if (key_blocks <= 0 || base <= 0) return 1;
+  wave = std::max<std::int64_t>(wave, 1);
+  // Split counts that cut the blocks into equal runs with none left over: s for which
+  // ceil(key_blocks / ceil(key_blocks / s)) == s (the others launch that many CTAs anyway).
+  const std::int64_t most = std::min<std::int64_t>(key_blocks, kSplitKvMaxSplits);
+  auto fill = [&](std::int64_t s) {
+    const std::int64_t ctas = base * s;
+    return static_cast<double>(ctas) / static_cast<double>(ceil_div(ctas, wave) * wave);
+  };
+  auto exact = [&](std::int64_t s) { return ceil_div(key_blocks, ceil_div(key_blocks, s)) == s; };
+  double best = 0.0;
+  for (std::int64_t s = 1; s <= most; ++s) {
+    if (exact(s)) best = std::max(best, fill(s));
+  }
+  for (std::int64_t s = 1; s <= most; ++s) {
+    if (exact(s) && fill(s) >= kWaveFillShare * best) return s;
+  }
+  return most;  // not reached: the best one qualifies
+}
+
+SplitKvPlan SplitKv::plan(const ForwardParams& p, const DeviceCaps& dev, int ctas_per_sm) {
   SplitKvPlan plan;
   const std::int64_t rows = static_cast<std::int64_t>(p.group) * p.Lq;
   plan.row_blocks = static_cast<int>(std::max<std::int64_t>(1, ceil_div(rows, kSplitKvRows)));
@@ -49,14 +66,9 @@ SplitKvPlan SplitKv::plan(const ForwardParams& p, const DeviceCaps& dev) {
   plan.key_blocks = static_cast<int>(key_blocks);
   plan.first_block = static_cast<int>(first_block);
   const std::int64_t base = static_cast<std::int64_t>(plan.row_blocks) * p.B * p.Hkv;
-  const std::int64_t target = kTargetCtasPerSm * std::max(dev.multiprocessors, 1);
-  std::int64_t splits =
-      std::clamp<std::int64_t>(ceil_div(target, std::max<std::int64_t>(base, 1)), 1,
-                               std::max<std::int64_t>(1, std::min(key_blocks, kMaxSplits)));
-  if (key_blocks > 0) {
-    plan.blocks_per_split = static_cast<int>(ceil_div(key_blocks, splits));
-    splits = ceil_div(key_blocks, plan.blocks_per_split);  // none left empty
-  }
+  const std::int64_t splits = splitkv_split_count(
+      base, key_blocks, std::max(dev.multiprocessors, 1) * std::int64_t{std::max(ctas_per_sm, 1)});
+  if (key_blocks > 0) plan.blocks_per_split = static_cast<int>(ceil_div(key_blocks, splits));
   plan.splits = static_cast<int>(splits);
   const std::int64_t rows_total = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
   auto rounded = [](std::int64_t floats) {
@@ -84,10 +96,12 @@ std::vector<std::string> SplitKv::forward_reasons(const ForwardParams& p, const 
   }
   if (p.Lk > kMaxGridX || p.Lq > kMaxGridX) reasons.push_back("Lq and Lk must be below 2^31");
   if (reasons.empty()) {
-    const SplitKvPlan pl = plan(p, dev);
-    const std::int64_t ctas = static_cast<std::int64_t>(pl.row_blocks) * pl.splits * p.B * p.Hkv;
+    // The most CTAs a plan can launch on any device: the most splits (the combine: a CTA per row).
+    const SplitKvPlan pl = plan(p, dev, 1);
+    const std::int64_t most_splits = std::clamp<std::int64_t>(pl.key_blocks, 1, kSplitKvMaxSplits);
+    const std::int64_t ctas = static_cast<std::int64_t>(pl.row_blocks) * most_splits * p.B * p.Hkv;
     const std::int64_t rows_total = static_cast<std::int64_t>(p.B) * p.Hq * p.Lq;
-    if (ctas > kMaxGridX || ceil_div(rows_total, 4) > kMaxGridX) {
+    if (ctas > kMaxGridX || rows_total > kMaxGridX) {
       reasons.push_back("B·Hq·Lq = " + std::to_string(rows_total) +
                         " rows exceed the grid's 2^31 - 1 blocks");
     }
@@ -98,7 +112,7 @@ std::vector<std::string> SplitKv::forward_reasons(const ForwardParams& p, const 
 void SplitKv::forward(const ForwardParams& p, void* workspace, ElemType type, const DeviceCaps& dev,
                       cudaStream_t stream) {
   if (p.Lq == 0 || p.B == 0 || p.Hq == 0) return;
-  SplitKvPlan plan = SplitKv::plan(p, dev);
+  SplitKvPlan plan = SplitKv::plan(p, dev, SplitKv::ctas_per_sm(p, type));
   if (workspace == nullptr) {
     throw Error(ErrorCode::invalid_argument,
                 "argument `workspace`: the cuda_splitkv forward needs " +
@@ -110,13 +124,23 @@ void SplitKv::forward(const ForwardParams& p, void* workspace, ElemType type, co
   const int bucket = SplitKvHeadDims::bucket_of(std::max(p.D, p.Dv));
   const bool ran = switch_instance(SplitKvHeadDims{}, type, bucket, [&](auto inst) {
     using I = decltype(inst);
-    run_splitkv_forward<typename I::T, I::kHeadDim>(p, plan, stream);
+    run_splitkv_forward<typename I::T, I::kHeadDim>(p, plan, dev.major >= 9, stream);
   });
   if (!ran) {
     throw Error(ErrorCode::unsupported, "cuda_splitkv forward: head dims D = " +
                                             std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) +
                                             " have no kernel (multiples of 8 up to 128)");
   }
+}
+
+int SplitKv::ctas_per_sm(const ForwardParams& p, ElemType type) {
+  int n = 1;
+  switch_instance(SplitKvHeadDims{}, type, SplitKvHeadDims::bucket_of(std::max(p.D, p.Dv)),
+                  [&](auto inst) {
+                    using I = decltype(inst);
+                    n = splitkv_ctas_per_sm<typename I::T, I::kHeadDim>(p);
+                  });
+  return n;
 }
 
 }  // namespace memeff::cuda::sm80

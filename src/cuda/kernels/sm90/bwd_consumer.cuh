@@ -1,11 +1,13 @@
-// Pieces of the sm90 backward's consumer mainloop (bwd_kernel.cuh): the permuted rows of K and V,
-// dropout's keep bits in the Sᵀ orientation, the mask's visible columns, and the Sᵀ-layout
-// accumulators as wgmma A fragments.
+// Pieces of the sm90 backward's consumer mainloop (bwd_kernel.cuh): the permuted rows of K and V
+// and their load, dropout's keep bits in the Sᵀ orientation, the mask's visible columns, and the
+// Sᵀ-layout accumulators as wgmma A fragments.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/kernels/common/cp_async.cuh"
 #include "cuda/kernels/common/mask.cuh"
+#include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/types.cuh"
 #include "cuda/kernels/sm90/ptx.cuh"
 
@@ -40,6 +42,38 @@ __device__ __forceinline__ std::uint32_t transpose_nibbles8(std::uint32_t w, int
 __device__ __forceinline__ int bwd_key_of_row(int row) {
   const int r = row & 63;
   return (row & ~63) + 8 * (r & 7) + 2 * (r >> 4) + ((r >> 3) & 1);
+}
+
+// A tile's K and V into shared memory (kOffK, kOffV of `smem`) by the consumers (warpgroup wg,
+// thread ctid of it): the key block's kBlockN keys from n0 on of (b, kvh), counted from key row
+// k0() (the sequence's first when packed), rows permuted inside each 64-key block
+// (bwd_key_of_row), 16-byte chunks placed as the 128-byte swizzle wants them; keys from seq_lk()
+// on and columns past D / Dv are zero. Returns once both warpgroups' copies have landed.
+template <class T, class Tr, class K0, class SeqLk>
+__device__ __forceinline__ void load_key_block(unsigned char* smem, const BackwardParams& p, int b,
+                                               int kvh, std::int64_t n0, K0&& k0, SeqLk&& seq_lk,
+                                               int wg, int ctid) {
+  const T* kg =
+      static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
+  const T* vg =
+      static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
+  constexpr int kChunks = Tr::kDBlocks * Tr::kBlockN * 8;
+  for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
+    const int db = c / (Tr::kBlockN * 8), row = (c / 8) % Tr::kBlockN, chunk = c % 8;
+    const std::int64_t key = n0 + bwd_key_of_row(row);
+    const int col = 64 * db + 8 * chunk;
+    const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
+    const bool row_ok = key < seq_lk();
+    const std::int64_t kc = row_ok ? key : 0;
+    cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
+                row_ok && col < p.D ? 16 : 0);
+    cp_async_16(smem + Tr::kOffV + dst, vg + kc * p.v_stride.l + (col < p.Dv ? col : 0),
+                row_ok && col < p.Dv ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();  // written by ordinary copies, read by wgmma
+  named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
 }
 
 // The columns [lo[hh], hi[hh]) of a thread's Sᵀ fragment (c = 8n + e: query m0 + 2t + c) whose
@@ -92,6 +126,23 @@ __device__ __forceinline__ void pack_fragments(std::uint32_t (&f)[kNT / 2][4],
     f[kk][2] = pack2<T>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
     f[kk][3] = pack2<T>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
   }
+}
+
+// A consumer warpgroup's dSᵀ fragments (pack_fragments' layout) into the dS buffer `ds_buf`:
+// [query / 64][key row][64 queries], its 64 key rows from 64·wg on, 16-byte chunks swizzled by
+// the row.
+template <class Tr>
+__device__ __forceinline__ void store_ds_fragments(unsigned char* ds_buf,
+                                                   const std::uint32_t (&dsf)[Tr::kKVSteps][4],
+                                                   int wg, int warp, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < Tr::kNT; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = 64 * wg + 16 * warp + 8 * hh + g;
+      const int off = (n / 8) * (Tr::kBlockN * 128) + row * 128 + (((n % 8) ^ g) << 4) + 4 * t;
+      *reinterpret_cast<std::uint32_t*>(ds_buf + off) = dsf[n / 2][(n % 2) * 2 + hh];
+    }
 }
 
 }  // namespace memeff::cuda::sm90

@@ -1,11 +1,13 @@
 // The sm90 backward's dQ (bwd_kernel.cuh) on its way to the fp32 workspace: a consumer
 // warpgroup's fragments added by 16-byte reductions or staged in shared memory for one bulk
-// reduction, and the deterministic mode's turns on a chunk's counter.
+// reduction, and the deterministic mode's turns on a chunk's counter and its writer warps.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/kernels/common/params.h"
 #include "cuda/kernels/common/types.cuh"
+#include "cuda/kernels/sm90/bwd_traits.cuh"
 #include "cuda/kernels/sm90/ptx.cuh"
 
 namespace memeff::cuda::sm90 {
@@ -63,6 +65,34 @@ __device__ __forceinline__ void pass_dq_turn(int* turn, int my_turn, bool at_lea
     red_release_max(turn, my_turn + 1);
   } else {
     st_release(turn, my_turn + 1);
+  }
+}
+
+// The deterministic mode's dQ writer w (lane 0 of producer warp w + 1): for each of the CTA's
+// `items` steps, once consumer warpgroup w has staged its dQ of the step (staged(s, w) of stage
+// s; the chunk and turn in dq_slot(s, w), the fragments at dq_stage(it, w)), waits for the
+// chunk's turn, adds it with one bulk reduction, frees the stage (empty(s)) once the reduction has
+// read it and passes the turn on once its writes are performed. The consumers go on meanwhile.
+template <class Tr, class Staged, class Slot, class Stage, class Empty>
+__device__ __forceinline__ void write_staged_dq(const BackwardTmaParams& tp,
+                                                const BackwardParams& p, int w, int items,
+                                                bool at_least, Staged&& staged, Slot&& dq_slot,
+                                                Stage&& dq_stage, Empty&& empty) {
+  for (int it = 0; it < items; ++it) {
+    const int s = it % Tr::kStages;
+    mbar_wait(staged(s, w), (it / Tr::kStages) & 1);
+    const std::int64_t chunk = dq_slot(s, w)->chunk;
+    const int my_turn = dq_slot(s, w)->turn;
+    int* const turn = tp.dq_turn + chunk;
+    wait_dq_turn(turn, my_turn, at_least);
+    fence_proxy_async_global();  // the previous adder's writes before this reduction
+    bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, dq_stage(it, w), Tr::kDqFloats * 4);
+    bulk_commit();
+    bulk_wait_read<0>();
+    mbar_arrive(empty(s));
+    bulk_wait<0>();
+    fence_proxy_async_global();  // the reduction's writes before the release
+    pass_dq_turn(turn, my_turn, at_least);
   }
 }
 

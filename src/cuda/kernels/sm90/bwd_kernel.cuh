@@ -61,6 +61,14 @@
 // padded workspace, so their P and dS are 0), its keys (loaded by index, zero past its end), its
 // causal diagonal, the dropout map of b = s at positions inside it, and its own block-aligned
 // region of the dQ workspace (packed_block0 in bwd_traits.cuh).
+//
+// The pieces, each in its own header: the producer's loads (load_backward_steps,
+// bwd_producer.cuh), the deterministic mode's dQ writers (write_staged_dq, bwd_dq.cuh), the
+// consumers' K/V load and dS store (load_key_block, store_ds_fragments, bwd_consumer.cuh), the
+// step from Sᵀ and dPᵀ to the fragments of Pᵀ∘Z and dSᵀ with its mask policy (plain_step_fragments,
+// modifiers_step_fragments, bwd_step.cuh), the dQ epilogue (bwd_dq.cuh), the dK/dV epilogue
+// (store_dk_dv, bwd_epilogue.cuh) and the packed tile scheduler (bwd_scheduler.cuh). This file
+// keeps the walk of the CTA's tiles and steps, the barriers and the wgmma issue order around them.
 #pragma once
 
 #include <cuda.h>
@@ -84,7 +92,9 @@
 #include "cuda/kernels/sm90/bwd_consumer.cuh"
 #include "cuda/kernels/sm90/bwd_dq.cuh"
 #include "cuda/kernels/sm90/bwd_epilogue.cuh"
+#include "cuda/kernels/sm90/bwd_producer.cuh"
 #include "cuda/kernels/sm90/bwd_scheduler.cuh"
+#include "cuda/kernels/sm90/bwd_step.cuh"
 #include "cuda/kernels/sm90/bwd_traits.cuh"
 #include "cuda/kernels/sm90/bwd_variant.cuh"
 #include "cuda/kernels/sm90/ptx.cuh"
@@ -177,7 +187,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     pk = *pk_smem;
     if (!pk.valid) return;
   }
-  // Inline on purpose: as a scheduler struct, with the producer as a function, the PTX changed.
+  // Inline on purpose: as a scheduler struct the PTX changed (the producer, a function of its own,
+  // reads b, kvh and n0 by reference, which next_tile moves).
   // Dense: key block y of (batch, kv head) z·gridDim.x + x: the grid's order in bands of
   // gridDim.x heads (bwd_traits.cuh, common/block_order.h). Plain expressions of the block index:
   // computing the order (a division) cost the main loop registers and spills. A persistent grid
@@ -260,67 +271,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // ---------------- producer ----------------
     setmaxnreg_dec<Tr::kProducerRegs>();
     if (tid == 0 && items > 0) {
-      prefetch_tensor_map(&tp.q);
-      prefetch_tensor_map(&tp.dout);
-      if constexpr (kBiasTiles) prefetch_tensor_map(&tp.bias);
-      int step0 = 0;  // the ring's steps of the CTA's earlier tiles (kPersist)
-      do {
-        for (int it = 0; it < items; ++it) {
-          const int s = (step0 + it) % kStages;
-          const std::uint32_t phase = ((step0 + it) / kStages) & 1;
-          const int hg = walk.head(it), m = walk.block(it);
-          const int h = kvh * p.group + hg;
-          mbar_wait(empty(s), phase ^ 1);
-          mbar_arrive_expect_tx(full(s), 2 * Tr::kQBytes + (kBiasTiles ? Tr::kDsBytes : 0));
-          // Packed maps are [1, Hq, total_q, D]: the sequence's first row added, batch 0.
-          const int row = m * kBlockM + (packed_call ? pk.q0 : 0), batch = packed_call ? 0 : b;
-#pragma unroll
-          for (int db = 0; db < Tr::kDBlocks; ++db) {
-            tma_load_4d(sQ(s) + db * Tr::kQBlockBytes, &tp.q, full(s), 64 * db, row, h, batch);
-            tma_load_4d(sDo(s) + db * Tr::kQBlockBytes, &tp.dout, full(s), 64 * db, row, h, batch);
-          }
-          if constexpr (kBiasTiles) {
-            // The step's bias entries into dS buffer s, which is free: the consumers arrive on
-            // empty(s) only after step it - 2's dQ products, the last reader of that buffer. Box
-            // (qb, w): queries 64·qb .. 64·qb + 63 of the block by the 64 keys of warpgroup w,
-            // a query per 128-byte row, in warpgroup w's rows of the buffer (its dS goes there
-            // later: it reads its bias first). A broadcast dimension has one index, 0; TMA
-            // zero-fills queries past Lq and keys past Lk.
-            const int bias_h = p.bias_stride.h != 0 ? h : 0, bias_b = p.bias_stride.b != 0 ? b : 0;
-            const std::uint32_t ds = base + Tr::kOffDs + s * Tr::kDsBytes;
-#pragma unroll
-            for (int qb = 0; qb < kBlockM / 64; ++qb)
-#pragma unroll
-              for (int w = 0; w < Tr::kConsumers; ++w) {
-                tma_load_4d(ds + qb * (kBlockN * 128) + w * 64 * 128, &tp.bias, full(s),
-                            static_cast<int>(n0) + 64 * w, row + 64 * qb, bias_h, bias_b);
-              }
-          }
-        }
-        step0 += items;
-      } while (next_tile());
+      load_backward_steps<Tr, kBiasTiles>(tp, p, walk, items, b, kvh, n0, packed_call, pk.q0, base,
+                                          sQ, sDo, full, empty, next_tile);
     } else if (kDet && items > 0 && tid % 32 == 0 && tid / 32 >= 1 && tid / 32 <= Tr::kConsumers) {
       // ---------------- deterministic dQ writers (lane 0 of warps 1 .. kConsumers) ----------
-      // Writer w adds consumer w's staged dQ of each step into its workspace chunk when the
-      // chunk's turn comes (one bulk reduction), frees the stage once the reduction has read it,
-      // and passes the turn on once its writes are performed. The consumers go on meanwhile.
-      const int w = tid / 32 - 1;
-      for (int it = 0; it < items; ++it) {
-        const int s = it % kStages;
-        mbar_wait(staged(s, w), (it / kStages) & 1);
-        const std::int64_t chunk = dq_slot(s, w)->chunk;
-        const int my_turn = dq_slot(s, w)->turn;
-        int* const turn = tp.dq_turn + chunk;
-        wait_dq_turn(turn, my_turn, packed_call);
-        fence_proxy_async_global();  // the previous adder's writes before this reduction
-        bulk_reduce_add_f32(p.dq_accum + chunk * Tr::kDqFloats, dq_stage(it, w), Tr::kDqFloats * 4);
-        bulk_commit();
-        bulk_wait_read<0>();
-        mbar_arrive(empty(s));
-        bulk_wait<0>();
-        fence_proxy_async_global();  // the reduction's writes before the release
-        pass_dq_turn(turn, my_turn, packed_call);
-      }
+      write_staged_dq<Tr>(tp, p, tid / 32 - 1, items, packed_call, staged, dq_slot, dq_stage,
+                          empty);
     }
     return;
   }
@@ -359,32 +315,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // The CTA's tiles (one but with kPersist); step0: the ring's steps of the earlier ones.
   for (int step0 = 0;;) {
-    // K and V, rows permuted inside each 64-key block (bwd_key_of_row), 16-byte chunks placed as
-    // the 128-byte swizzle wants them; keys past Lk (packed: the sequence's) and columns past D /
-    // Dv are zero.
-    {
-      const T* kg =
-          static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h + k0() * p.k_stride.l;
-      const T* vg =
-          static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h + k0() * p.v_stride.l;
-      constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
-      for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
-        const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
-        const std::int64_t key = n0 + bwd_key_of_row(row);
-        const int col = 64 * db + 8 * chunk;
-        const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
-        const bool row_ok = key < seq_Lk();
-        const std::int64_t kc = row_ok ? key : 0;
-        cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
-                    row_ok && col < p.D ? 16 : 0);
-        cp_async_16(smem + Tr::kOffV + dst, vg + kc * p.v_stride.l + (col < p.Dv ? col : 0),
-                    row_ok && col < p.Dv ? 16 : 0);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_smem();  // written by ordinary copies, read by wgmma
-      named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
-    }
+    load_key_block<T, Tr>(smem, p, b, kvh, n0, k0, seq_Lk, wg, ctid);
 
     detail::DropoutKey rng_key{0u, 0u};
     if (dropout_on) {
@@ -536,244 +467,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // Pᵀ∘Z and dSᵀ as wgmma A fragments (16 queries per k-step).
       std::uint32_t pf[Tr::kKVSteps][4], dsf[Tr::kKVSteps][4];
       if constexpr (kMods) {
-        // The modifiers' step from Sᵀ and dPᵀ (waiting for them) to pf = Pᵀ∘Z and dsf = dSᵀ of the
-        // scaled product, with dbias written on the way: the score is cap(scale·s) + bias -
-        // slope·|i + shift - j| (each where the call has it), masked by the window, the causal
-        // mask and Lk (need_mask), and the cap's derivative 1 - tanh² multiplies dS after dbias
-        // took it. Without a cap P is computed while dPᵀ is still on the tensor cores, as in the
-        // plain step; with one, the cap, P and dS of each element in one pass after it (ptxas,
-        // sm_90a, head dim 64: capping first, while dPᵀ ran, spilled half as much again).
-        const KeyMask mask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach};
-        const bool cap = kCap == ModsCap::on ||
-                         (kCap == ModsCap::run_time && (p.mods.flags & ScoreMods::kSoftcap) != 0);
-        [[maybe_unused]] float slope = 0.0f, diagonal = 0.0f;
-        if constexpr (kAlibi) {
-          slope = (p.mods.flags & ScoreMods::kAlibi) ? alibi_slope(p.mods, b, h) : 0.0f;
-          // i + shift - j of element (0, 0): query m0 + 2t, key key0 (fp32: exact below 2^24).
-          diagonal = static_cast<float>(m0 + 2 * t + causal_shift - key0);
-        }
-        BiasColumns<T> bc;
-        if (has_bias) {
-          bc = bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h,
-                               p.bias_stride.l, m0, t, key0, p.Lq, p.Lk);
-        }
-        int lo[2] = {0, 0}, hi[2] = {8 * kNT, 8 * kNT};
-        if (need_mask) visible_columns<kNT>(mask, m0, t, key0, lo, hi);
-        // P of element (n, r) from its score sv in units of q·k (capped already where the call
-        // has a cap); 0 where masked. A -inf bias masks the key whatever sv holds (mask.cuh).
-        auto p_of = [&](int n, int r, float sv) {
-          const int c = 8 * n + (r & 1), hh = r >> 1;
-          float pv;
-          if constexpr (kAlibi) {
-            float x = sv * p.scale;
-            if (has_bias) {
-              const float entry = bc.per_key()
-                                      ? (c + 2 * t < bc.rows ? (hh ? bc.key_hi : bc.key_lo) : 0.0f)
-                                      : bc.at(c, t, hh);
-              x = fmaf(bias_safe_score(sv, score_limit), p.scale, entry);
-            }
-            x = fmaf(-slope, fabsf(diagonal + static_cast<float>(c - hh)), x);
-            pv = fast_exp2(fmaf(x, kLog2e, -lse_s[c + 2 * t]));
-          } else {  // the plain step's P (no bias, no cap)
-            pv = fast_exp2(fmaf(sv, p.scale_log2, -lse_s[c + 2 * t]));
-          }
-          return c < lo[hh] || c >= hi[hh] ? 0.0f : pv;
-        };
-        wgmma_wait<1>();
-        fence_operands(sacc);
-        if (!cap) {  // P while dPᵀ is still on the tensor cores
-#pragma unroll
-          for (int n = 0; n < kNT; ++n)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) sacc[n][r] = p_of(n, r, sacc[n][r]);
-        }
-        wgmma_wait<0>();
-        fence_operands(dpacc);
-        // dS as the plain step has it (Pᵀ∘(M∘dPᵀ − delta / keep_scale), dropout's mask all ones
-        // without dropout), 0 in the columns of a query that sees a single key (bit 2n + e of
-        // `single`; kv_block: it may see other keys elsewhere, never packed). dbias takes it from
-        // the fragment after the loop, before the cap's derivative: with a cap, Pᵀ∘Z and 1 - tanh²
-        // share each element's register in sacc meanwhile (pack_p_and_cap_grad), so no fragment
-        // beyond the plain step's is held (ptxas, sm_90a, head dim 64: a separate one serialized
-        // the wgmmas; writing dbias element by element took ptxas 15 s).
-        const std::uint32_t single =
-            need_mask && (packed_call || !p.kv_block) ? mask.single_key_rows<kNT>(m0 + 2 * t) : 0u;
-        auto ds_loop = [&](auto with_cap) {
-          constexpr bool kWithCap = decltype(with_cap)::value;
-#pragma unroll
-          for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int e = r & 1;
-              float pv = sacc[n][r], cap_grad = 1.0f;
-              if constexpr (kWithCap) {
-                const float capped = softcap_score(sacc[n][r], p.mods);
-                const float th = capped * p.mods.softcap_in;  // tanh(scale·s / softcap)
-                pv = p_of(n, r, capped);
-                cap_grad = fmaf(-th, th, 1.0f);
-              }
-              // Without dropout (a kernel compiled without it has no keep words) all kept.
-              const std::uint32_t kept = kDropout ? kept_mask(keep, n, r) : ~0u;
-              dpacc[n][r] = pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) -
-                                  delta_s[8 * n + 2 * t + e]);
-              if ((single >> (2 * n + e)) & 1u) dpacc[n][r] *= 0.0f;  // NaN stays (docs/api.md)
-              const float pz = __uint_as_float(__float_as_uint(pv) & kept);
-              sacc[n][r] = kWithCap ? pack_p_and_cap_grad<T>(pz, cap_grad) : pz;
-            }
-          }
-        };
-        if (cap) {  // a constant but in the general kernel (kCap)
-          ds_loop(std::true_type{});
-        } else {
-          ds_loop(std::false_type{});
-        }
-        if (has_bias) {
-          write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1,
-                         t);
-        }
-        if (cap) {
-#pragma unroll
-          for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) dpacc[n][r] *= cap_grad_of(sacc[n][r]);
-            // pf pairs (element 0 low, 1 high) from the upper halves (pack_p_and_cap_grad's P∘Z).
-            pf[n / 2][2 * (n % 2)] =
-                __byte_perm(__float_as_uint(sacc[n][0]), __float_as_uint(sacc[n][1]), 0x7632);
-            pf[n / 2][2 * (n % 2) + 1] =
-                __byte_perm(__float_as_uint(sacc[n][2]), __float_as_uint(sacc[n][3]), 0x7632);
-          }
-        } else {
-          pack_fragments<T>(pf, sacc);
-        }
-        pack_fragments<T>(dsf, dpacc);
+        modifiers_step_fragments<T, Tr, kDropout, kCap, kAlibi>(
+            tp, p, sacc, dpacc, pf, dsf, lse_s, delta_s, keep, smem, buf, has_bias, dbias_mode,
+            ds_scale, score_limit, bias_b, b, h, m0, key0, need_mask, window, causal, causal_shift,
+            packed_call, seq_Lk, wg, warp, g, t);
       } else {
-        // Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (+ bias·log2 e), masked. bias_at(n, r): the
-        // entry of fragment element (n, r).
-        auto scores_to_p = [&](auto bias_at) {
-#pragma unroll
-          for (int n = 0; n < kNT; ++n) {
-            const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * n + 2 * t);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const float lse2 = (r & 1) ? l2.y : l2.x;
-              float x;
-              if constexpr (kBias) {
-                // A -inf bias masks the key whatever the score holds (mask.cuh, bias_safe_score).
-                x = fmaf(fmaf(bias_safe_score(sacc[n][r], score_limit), p.scale, bias_at(n, r)),
-                         kLog2e, -lse2);
-              } else {
-                x = fmaf(sacc[n][r], p.scale_log2, -lse2);
-              }
-              sacc[n][r] = fast_exp2(x);
-            }
-          }
-        };
-        if constexpr (kBiasTiles) {
-          // This warpgroup's entries in the dS buffer (the producer's boxes): query 8n + 2t + e of
-          // the block in row 8(n % 8) + 2t + e of box n / 8, its keys key0, key0 + 1 (8g + 2·warp
-          // of the warpgroup's 64) in one 4-byte word of 16-byte chunk g, swizzled by the row.
-          const unsigned char* const tile = smem + Tr::kOffDs + buf * Tr::kDsBytes + wg * 64 * 128;
-          wgmma_wait<1>();
-          fence_operands(sacc);
-          scores_to_p([&](int n, int r) {
-            const int row = 8 * (n % 8) + 2 * t + (r & 1);
-            const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(
-                tile + (n / 8) * (kBlockN * 128) + row * 128 + (((g ^ row) & 7) << 4) + 4 * warp);
-            return (r >> 1) ? unpack_hi<T>(w) : unpack_lo<T>(w);
-          });
-        } else if constexpr (kBias) {
-          const BiasColumns<T> bc =
-              bias_columns<T>(p.bias, p.bias_is_fp32, bias_b + h * p.bias_stride.h, p.bias_stride.l,
-                              m0, t, key0, p.Lq, p.Lk);
-          wgmma_wait<1>();
-          fence_operands(sacc);
-          if (bc.per_key()) {  // a key-padding mask: the two entries read above
-            scores_to_p([&](int n, int r) {
-              return 8 * n + 2 * t + (r & 1) < bc.rows ? ((r >> 1) ? bc.key_hi : bc.key_lo) : 0.0f;
-            });
-          } else {
-            scores_to_p([&](int n, int r) { return bc.at(8 * n + (r & 1), t, r >> 1); });
-          }
-        } else {
-          wgmma_wait<1>();
-          fence_operands(sacc);
-          scores_to_p([](int, int) { return 0.0f; });
-        }
-        if constexpr (kWindowCode) {
-          if (need_mask && window) {  // the window's span of queries per key row, as columns
-            int lo[2], hi[2];
-            visible_columns<kNT>(
-                KeyMask{causal, seq_Lk(), causal_shift, p.mods.left_reach, p.mods.right_reach}, m0,
-                t, key0, lo, hi);
-#pragma unroll
-            for (int n = 0; n < kNT; ++n)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) {
-                const int c = 8 * n + (r & 1);
-                if (c < lo[r >> 1] || c >= hi[r >> 1]) sacc[n][r] = 0.0f;
-              }
-          }
-        }
-        if (need_mask && !window) {
-#pragma unroll
-          for (int n = 0; n < kNT; ++n)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const std::int64_t i = m0 + 8 * n + 2 * t + (r & 1), j = key0 + (r >> 1);
-              if (j >= seq_Lk() || (causal && j > i + causal_shift)) sacc[n][r] = 0.0f;
-            }
-        }
-
-        // dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ − delta) into dpacc, Pᵀ ∘ Z into sacc. With dropout Z = M·keep_scale
-        // (M the 0/1 mask) and both are kept divided by keep_scale: Pᵀ∘M and Pᵀ∘(M∘dPᵀ − delta /
-        // keep_scale) (the preprocess stores delta / keep_scale), a mask and two ANDs per element
-        // more than without dropout; the epilogues, the dQ conversion and dbias multiply keep_scale
-        // back in (ds_scale).
-        wgmma_wait<0>();
-        fence_operands(dpacc);
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * n + 2 * t);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int e = r & 1;
-            const float pv = sacc[n][r];
-            if constexpr (kDropout) {
-              const std::uint32_t kept = kept_mask(keep, n, r);
-              sacc[n][r] = __uint_as_float(__float_as_uint(pv) & kept);
-              dpacc[n][r] =
-                  pv * (__uint_as_float(__float_as_uint(dpacc[n][r]) & kept) - (e ? dl.y : dl.x));
-            } else {
-              dpacc[n][r] = pv * (dpacc[n][r] - (e ? dl.y : dl.x));
-            }
-          }
-        }
-        // kv_block: the row may see other keys elsewhere (never packed: validation).
-        if (need_mask && (packed_call || !p.kv_block)) {
-          if (window) {  // false where the instantiation has no window code (kWindowCode)
-            zero_single_key_columns(dpacc, KeyMask{causal, seq_Lk(), causal_shift,
-                                                   p.mods.left_reach, p.mods.right_reach}
-                                               .template single_key_rows<kNT>(m0 + 2 * t));
-          } else {
-#pragma unroll
-            for (int n = 0; n < kNT; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                // dS is 0 but for a NaN or Inf, which is the data's, not rounding's (docs/api.md):
-                // x·0 is 0 for finite x and NaN otherwise.
-                if (sees_one_key(m0 + 8 * n + 2 * t + e, seq_Lk(), causal, causal_shift)) {
-                  dpacc[n][e] *= 0.0f;
-                  dpacc[n][2 + e] *= 0.0f;
-                }
-              }
-          }
-        }
-        if constexpr (kBias) {
-          write_dbias<T>(p, dbias_mode, tp.dbias_accum, dpacc, ds_scale, b, h, m0, key0, key0 + 1,
-                         t);
-        }
-        pack_fragments<T>(pf, sacc);
-        pack_fragments<T>(dsf, dpacc);
+        plain_step_fragments<T, Tr, kDropout, kBias, kBiasTiles, kWindowCode>(
+            tp, p, sacc, dpacc, pf, dsf, lse_s, delta_s, keep, smem, buf, has_bias, dbias_mode,
+            ds_scale, score_limit, bias_b, b, h, m0, key0, need_mask, window, causal, causal_shift,
+            packed_call, seq_Lk, wg, warp, g, t);
       }
 
       // dV += (Pᵀ∘Z)·dO, issued before dSᵀ goes to shared memory; then, once both warpgroups'
@@ -798,15 +500,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (kDet && it >= 2) {
           mbar_wait(empty((it - 2) % kStages), ((it - 2) / kStages) & 1);
         }
-        unsigned char* const ds_buf = smem + Tr::kOffDs + buf * Tr::kDsBytes;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int row = 64 * wg + 16 * warp + 8 * hh + g;
-            const int off = (n / 8) * (kBlockN * 128) + row * 128 + (((n % 8) ^ g) << 4) + 4 * t;
-            *reinterpret_cast<std::uint32_t*>(ds_buf + off) = dsf[n / 2][(n % 2) * 2 + hh];
-          }
+        store_ds_fragments<Tr>(smem + Tr::kOffDs + buf * Tr::kDsBytes, dsf, wg, warp, g, t);
         fence_proxy_async_smem();
         named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);  // both halves of dS written
       }

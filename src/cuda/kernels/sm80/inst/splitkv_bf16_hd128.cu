@@ -4,5 +4,6 @@
 
 namespace memeff::cuda::sm80 {
 template void run_splitkv_forward<__nv_bfloat16, 128>(const ForwardParams&, const SplitKvPlan&,
-                                                      cudaStream_t);
+                                                      bool, cudaStream_t);
+template int splitkv_ctas_per_sm<__nv_bfloat16, 128>(const ForwardParams&);
 }  // namespace memeff::cuda::sm80

@@ -3,6 +3,7 @@
 #include "cuda/kernels/sm80/splitkv_run.cuh"
 
 namespace memeff::cuda::sm80 {
-template void run_splitkv_forward<__half, 128>(const ForwardParams&, const SplitKvPlan&,
+template void run_splitkv_forward<__half, 128>(const ForwardParams&, const SplitKvPlan&, bool,
                                                cudaStream_t);
+template int splitkv_ctas_per_sm<__half, 128>(const ForwardParams&);
 }  // namespace memeff::cuda::sm80
