@@ -86,13 +86,21 @@ class ReferenceBackend final : public Backend {
       return ((bb * db.shape[1] + hh) * db.shape[2] + ii) * db.shape[3] + j;
     };
 
+    // One task per (batch, kv head): it owns that kv head's dk and dv rows and the dq rows of its
+    // query heads, and adds their contributions in the order of a serial loop over (b, h, i), so
+    // the gradients are the same bits on any number of threads. A dbias that two tasks would add
+    // to (broadcast over the batch, or over the heads of different kv heads) keeps one thread.
     // Row scratch only when there are rows: Lq = 0 with a huge Lk allocates nothing.
-    const bool has_rows = pb.B * pb.Hq * pb.Lq > 0;
-    std::vector<double> dp(has_rows ? static_cast<std::size_t>(pb.Lk) : 0),
-        dq_row(has_rows ? static_cast<std::size_t>(pb.D) : 0);
-    for (std::int64_t b = 0; b < pb.B; ++b) {
-      for (std::int64_t h = 0; h < pb.Hq; ++h) {
-        const std::int64_t kvh = h / pb.group_size();
+    const std::int64_t group = pb.group_size();
+    const bool dbias_shared = dbias_view && ((dbias_view->shape[0] == 1 && pb.B > 1) ||
+                                             (dbias_view->shape[1] == 1 && pb.Hkv > 1));
+    const std::int64_t tasks = pb.Lq > 0 && group > 0 ? pb.B * pb.Hkv : 0;
+#pragma omp parallel for schedule(dynamic, 1) if (!dbias_shared)
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t b = task / pb.Hkv, kvh = task % pb.Hkv;
+      std::vector<double> dp(static_cast<std::size_t>(pb.Lk)),
+          dq_row(static_cast<std::size_t>(pb.D));
+      for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (std::int64_t i = 0; i < pb.Lq; ++i) {
           // A key block of a larger attention (kv_block) takes P from the whole attention's lse
           // and D_i from its out: this block's keys are only part of the row's softmax.
