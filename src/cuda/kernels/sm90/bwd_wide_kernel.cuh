@@ -140,29 +140,9 @@ __global__ void __launch_bounds__(BwdWideTraits::kThreads, 1)
   const int ctid = tid - 128 * warpgroup;
   const int warp = ctid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-  // K and V, rows permuted (bwd_key_of_row), 16-byte chunks placed as the 128-byte swizzle wants
-  // them; keys past Lk and columns past D / Dv are zero.
-  {
-    const T* kg = static_cast<const T*>(p.k) + b * p.k_stride.b + kvh * p.k_stride.h;
-    const T* vg = static_cast<const T*>(p.v) + b * p.v_stride.b + kvh * p.v_stride.h;
-    constexpr int kChunks = Tr::kDBlocks * kBlockN * 8;
-    for (int c = ctid + 128 * wg; c < kChunks; c += 128 * Tr::kConsumers) {
-      const int db = c / (kBlockN * 8), row = (c / 8) % kBlockN, chunk = c % 8;
-      const std::int64_t key = n0 + bwd_key_of_row(row);
-      const int col = 64 * db + 8 * chunk;
-      const int dst = db * Tr::kKVBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4);
-      const bool row_ok = key < p.Lk;
-      const std::int64_t kc = row_ok ? key : 0;
-      cp_async_16(smem + Tr::kOffK + dst, kg + kc * p.k_stride.l + (col < p.D ? col : 0),
-                  row_ok && col < p.D ? 16 : 0);
-      cp_async_16(smem + Tr::kOffV + dst, vg + kc * p.v_stride.l + (col < p.Dv ? col : 0),
-                  row_ok && col < p.Dv ? 16 : 0);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async_smem();  // written by ordinary copies, read by wgmma
-    named_bar_sync(Tr::kConsumerBarrier, 128 * Tr::kConsumers);
-  }
+  // K and V of the key block (dense calls: keys counted from row 0, up to Lk).
+  load_key_block<T, Tr>(
+      smem, p, b, kvh, n0, [] { return std::int64_t{0}; }, [&] { return p.Lk; }, wg, ctid);
 
   detail::DropoutKey rng_key{0u, 0u};
   if constexpr (kDropout) {
