@@ -171,8 +171,11 @@ class ReferenceBackend final : public Backend {
           const Row row =
               compute_row(pb, args, b, h, i, q_row, k_head, pb.kv_block ? &whole_lse : nullptr);
           // dP' = dO·Vᵀ for the row; D_i = Σ_j P_ij Z_ij dP'_ij (= rowsum(dO ∘ O) exactly).
+          // Only keys in the row's span can be visible (the others' dp is zeroed below).
           double di = 0.0;
-          row_dots(dout_row.data(), v_head.data(), pb.Dv, 0, pb.Lk, dp.data());
+          const KeySpan keys = row_keys(pb, i);
+          row_dots(dout_row.data(), v_head.data(), pb.Dv, std::max<std::int64_t>(keys.begin, 0),
+                   std::min(keys.end, pb.Lk), dp.data());
           for (std::int64_t j = 0; j < pb.Lk; ++j) {
             if (!row.visible[j]) {
               dp[j] = 0.0;
